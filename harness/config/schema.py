@@ -1,0 +1,281 @@
+"""Typed config schema: one dataclass per Hydra group, mirrored 1:1 by ``conf/<group>/``.
+
+Field names follow Megatron Core (``TransformerConfig`` / ``arguments.py``) and Transformer Engine
+where one exists, so users recognise them and the Megatron export is a rename-free mapping.
+Plain dataclasses only: no Hydra import here, so the numerics package can use these types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+RECIPES = ("bf16", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", "int4_qat", "custom")
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+FP8_FORMATS = ("e4m3", "hybrid")
+FP4_FORMATS = ("e2m1",)
+STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+
+
+@dataclass
+class RecipeConfig:
+    """What each GEMM operand becomes (numerics.md); `name` picks TE's recipe class."""
+
+    name: str = "bf16"
+    """bf16, delayed, tensorwise, blockwise, mxfp8, nvfp4, int4_qat or custom."""
+    fp8: Optional[str] = None
+    """FP8 format (Megatron --fp8-format): e4m3, or hybrid (E4M3 forward, E5M2 gradients); null = off."""
+    fp4: Optional[str] = None
+    """FP4 format (Megatron --fp4-format): e2m1; null = off. Exclusive with `fp8`."""
+    fp8_amax_history_len: int = 1024
+    """Delayed scaling: amax history length (the guide's 1024; Megatron's argparse default is 1)."""
+    fp8_amax_compute_algo: str = "max"
+    """Delayed scaling: `max` over the history or `most_recent`."""
+    power_2_scales: bool = False
+    """Round per-tensor/per-block scales down to a power of two (blockwise default: true)."""
+    amax_epsilon: float = 0.0
+    """Lower bound on amax before the scale is computed (current and block scaling)."""
+    x_block_dim: int = 1
+    """Blockwise: activation scaling dims, 1 = 1x128 blocks, 2 = 128x128 tiles."""
+    w_block_dim: int = 2
+    """Blockwise: weight scaling dims, 1 = 1x128 blocks, 2 = 128x128 tiles."""
+    grad_block_dim: int = 1
+    """Blockwise: gradient scaling dims, 1 = 1x128 blocks, 2 = 128x128 tiles."""
+    disable_rht: bool = False
+    """NVFP4: skip the random Hadamard transform of the wgrad operands."""
+    disable_stochastic_rounding: bool = False
+    """NVFP4: round gradients to nearest instead of stochastically."""
+    disable_2d_quantization: bool = False
+    """NVFP4: quantize weights in 1x16 blocks instead of 16x16 tiles."""
+    int4_group_size: int = 128
+    """INT4 fake-QAT: group size along the input dim (miles: 128, Kimi-K2 32)."""
+    quantizer_factory: Optional[str] = None
+    """custom: import path `module:function` of `factory(role, recipe_cfg) -> quantizer`."""
+
+
+@dataclass
+class ModuleOverride:
+    """Per-module precision override, matched against the module's qualified name (fnmatch)."""
+
+    pattern: str = "*"
+    """Glob over module names, e.g. `blocks.0.*` or `*.fc2`."""
+    recipe: str = "bf16"
+    """bf16 (no quantization) or a recipe name of conf/recipe."""
+
+
+@dataclass
+class StabilityConfig:
+    """The guide's stability knobs (Megatron names)."""
+
+    name: str = "none"
+    """Preset name, reported as part of a run's variant."""
+    fp8_margin: int = 0
+    """Extra bits of headroom in delayed scaling: scale = fp8max * 2^-margin / amax."""
+    fp8_wgrad: bool = True
+    """false = the wgrad GEMM in high precision (--no-fp8-wgrad)."""
+    first_last_layers_bf16: bool = False
+    """Keep the first and last transformer blocks unquantized (--first-last-layers-bf16)."""
+    num_layers_at_start_in_bf16: int = 1
+    """How many blocks at the start stay BF16 when first_last_layers_bf16."""
+    num_layers_at_end_in_bf16: int = 1
+    """How many blocks at the end stay BF16 when first_last_layers_bf16."""
+    overrides: List[ModuleOverride] = field(default_factory=list)
+    """Per-module overrides by name pattern, applied in order (last match wins)."""
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW, its schedule, and the precision-aware optimizer's dtypes (Megatron names)."""
+
+    name: str = "adamw_fp32"
+    """Preset name, reported as part of a run's variant."""
+    lr: float = 3e-3
+    """Peak learning rate."""
+    min_lr: float = 3e-4
+    """Learning rate at the end of the cosine decay."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (AdamW), on matrices only."""
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    """Adam beta1, beta2."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    warmup_steps: int = 10
+    """Linear warm-up steps; cosine decay to min_lr over the remaining steps."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip; 0 = off."""
+    use_precision_aware_optimizer: bool = False
+    """TE FusedAdam with low-precision states and main grads (--use-precision-aware-optimizer)."""
+    main_grads_dtype: str = "fp32"
+    """Dtype of the gradient buffer: fp32 or bf16."""
+    main_params_dtype: str = "fp32"
+    """Dtype of the master weights: fp32 or fp16."""
+    exp_avg_dtype: str = "fp32"
+    """First moment dtype: fp32, fp16, bf16 or fp8 (E4M3, per-tensor scale)."""
+    exp_avg_sq_dtype: str = "fp32"
+    """Second moment dtype: fp32, fp16, bf16 or fp8 (E4M3, per-tensor scale)."""
+    fp8_param: bool = False
+    """Keep weights quantized (--fp8-param-gather / --fp4-param-gather; TE quantized_model_init)."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state across data-parallel ranks (--use-distributed-optimizer)."""
+    optimizer_cpu_offload: bool = False
+    """Keep optimizer states and step on the host (--optimizer-cpu-offload; delayed only)."""
+    reuse_grad_buf_for_mxfp8_param_ag: bool = False
+    """Reuse the grad buffer for the MXFP8 param all-gather (recommended with mxfp8 + fp8_param)."""
+    activation_func_fp8_input_store: bool = False
+    """Save the MLP activation input in FP8 (E4M3, unscaled) for backward."""
+
+
+@dataclass
+class HardwareConfig:
+    """The accelerator a run targets: peaks for MFU and which recipes run natively."""
+
+    name: str = "cpu"
+    """cpu, a100, h100, h200, b200, gb200, or auto (detect)."""
+    arch: str = "cpu"
+    """Architecture family: cpu, ampere, hopper, blackwell."""
+    compute_capability: Optional[float] = None
+    """CUDA compute capability (9.0 Hopper, 10.0 Blackwell); null on a CPU."""
+    peak_tflops: Dict[str, Optional[float]] = field(
+        default_factory=lambda: {"bf16": None, "fp8": None, "fp4": None}
+    )
+    """Dense peak TFLOP/s per dtype from the vendor datasheet (null = none)."""
+    measured_tflops: Dict[str, Optional[float]] = field(
+        default_factory=lambda: {"bf16": None, "fp8": None}
+    )
+    """GEMM ceilings measured on this part (anchors.md), where known."""
+    memory_gib: Optional[float] = None
+    """Device memory in GiB."""
+    native_recipes: List[str] = field(default_factory=lambda: ["bf16"])
+    """Recipes TE runs natively on this hardware."""
+
+
+@dataclass
+class ModelConfig:
+    """GPT shape (Megatron TransformerConfig names)."""
+
+    name: str = "gpt_small"
+    """Preset name."""
+    num_layers: int = 4
+    """Transformer blocks."""
+    hidden_size: int = 256
+    """Model width."""
+    num_attention_heads: int = 4
+    """Attention heads."""
+    ffn_hidden_size: int = 1024
+    """MLP width (for swiglu: the width of each of the two input projections)."""
+    seq_length: int = 256
+    """Tokens per sequence."""
+    vocab_size: int = 256
+    """Vocabulary size (the data's vocabulary must fit)."""
+    normalization: str = "LayerNorm"
+    """LayerNorm or RMSNorm."""
+    activation: str = "gelu"
+    """gelu or swiglu."""
+    position_embedding: str = "learned"
+    """learned or rope."""
+    add_bias_linear: bool = False
+    """Bias in linear layers."""
+    init_method_std: float = 0.02
+    """Std of the normal weight init."""
+    layernorm_epsilon: float = 1e-5
+    """Norm epsilon."""
+
+
+@dataclass
+class DataConfig:
+    """Token source and its held-out eval split."""
+
+    name: str = "markov"
+    """synthetic, markov, stdlib_bytes, memmap or megatron."""
+    path: Optional[str] = None
+    """memmap: a .bin file or a directory with train.bin/val.bin; megatron: dataset prefix."""
+    eval_path: Optional[str] = None
+    """Optional separate eval file/prefix (else the last eval_fraction is held out)."""
+    eval_fraction: float = 0.05
+    """Fraction of the token stream held out for eval when there is no eval_path."""
+    seed: int = 1234
+    """Seed of the source itself (markov transition matrix, synthetic stream)."""
+    vocab_size: Optional[int] = None
+    """Source vocabulary (markov/synthetic); null = the model's vocab_size."""
+    alpha: float = 0.05
+    """markov: Dirichlet concentration of each transition row (small = more structure)."""
+    num_tokens: int = 2_000_000
+    """markov/synthetic: length of the generated stream."""
+    token_dtype: str = "uint16"
+    """memmap: uint16 or uint32."""
+
+
+@dataclass
+class BackendConfig:
+    """Who executes the recipe."""
+
+    name: str = "auto"
+    """te (Transformer Engine), emulated (pure PyTorch numerics), or auto."""
+    te_version: str = "2.20.2"
+    """TE version assumed for validation when TE is not installed."""
+
+
+@dataclass
+class WandbConfig:
+    """W&B settings; the real client, offline by default."""
+
+    mode: str = "offline"
+    """offline (files to `wandb sync`), online, or disabled."""
+    project: str = "lowp"
+    """W&B project."""
+    entity: Optional[str] = None
+    """W&B entity (team or user)."""
+    group: Optional[str] = None
+    """Run group; null = the sweep directory's name for multiruns."""
+    tags: List[str] = field(default_factory=list)
+    """Extra tags (recipe and backend are always added)."""
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go besides the run directory's local files (always written)."""
+
+    name: str = "wandb"
+    """wandb or none."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """W&B settings."""
+
+
+@dataclass
+class Config:
+    """The root: groups plus run-level keys (architecture.md `train` row)."""
+
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    name: Optional[str] = None
+    """Run name (W&B name); null = derived from recipe and seed."""
+    seed: int = 0
+    """Seed of init, data order and stochastic rounding."""
+    steps: int = 200
+    """Optimizer steps."""
+    micro_batch_size: int = 8
+    """Sequences per micro-batch."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step (accumulation = global / micro)."""
+    eval_interval: int = 50
+    """Steps between evals (and at the end); 0 = only at the end."""
+    eval_tokens: int = 32768
+    """Fixed held-out token budget per eval."""
+    log_interval: int = 10
+    """Steps between logged metric rows."""
+    telemetry_interval: int = 0
+    """Steps between numerics telemetry rows; 0 = off."""
+    checkpoint_interval: int = 0
+    """Steps between checkpoints; 0 = only at the end."""
+    bench_warmup_steps: int = 5
+    """Steps excluded from throughput and peak memory."""
+    dtype: str = "bf16"
+    """Activation/compute dtype."""
+    extras: Dict[str, Any] = field(default_factory=dict)
+    """Free-form tags recorded with the run (not used by the harness)."""

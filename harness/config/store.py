@@ -1,0 +1,59 @@
+"""Register the schema in Hydra's ConfigStore: `base_<group>` nodes that every YAML starts from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+
+from harness.config import schema
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+GROUPS = {
+    "recipe": schema.RecipeConfig,
+    "stability": schema.StabilityConfig,
+    "optimizer": schema.OptimizerConfig,
+    "hardware": schema.HardwareConfig,
+    "model": schema.ModelConfig,
+    "data": schema.DataConfig,
+    "backend": schema.BackendConfig,
+    "logger": schema.LoggerConfig,
+}
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=schema.Config)
+    for group, node in GROUPS.items():
+        cs.store(group=group, name=f"base_{group}", node=node)
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "config"):
+    """Compose the config tree outside of a Hydra app (tests, notebooks, the Megatron export)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=list(overrides or []))
+
+
+def presets(group: str) -> list[str]:
+    """Preset names of a group, from the YAML files under conf/<group>/."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def load_preset(group: str, name: str):
+    """One group preset as its typed dataclass (no Hydra app needed): used by numerics.quantize."""
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / group / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"{group}={name}: no such preset; choose one of {presets(group)}")
+    raw = OmegaConf.load(path)
+    raw.pop("defaults", None)
+    merged = OmegaConf.merge(OmegaConf.structured(GROUPS[group]), raw)
+    return OmegaConf.to_object(merged)
