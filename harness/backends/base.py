@@ -1,0 +1,66 @@
+"""The backend seam: build the model for a recipe and provide the one precision context."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn as nn
+
+from harness.config.schema import Config
+from harness.precision import PrecisionPlan
+
+
+class Backend(ABC):
+    """One per run. `autocast()` is the only precision context the training loop uses."""
+
+    name: str
+
+    def __init__(self, cfg: Config, device: torch.device):
+        self.cfg = cfg
+        self.device = device
+        self.plan = PrecisionPlan(cfg.recipe, cfg.stability, cfg.model)
+
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """The GPT for cfg.model, on self.device, fp32 master weights."""
+
+    @abstractmethod
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The single context under which forward (and loss) run."""
+
+    def describe(self) -> dict:
+        """Provenance for run.json: the backend, the recipe's repr, library versions."""
+        return {"backend": self.name, "recipe_repr": repr(self.cfg.recipe)}
+
+    def verify_active(self, model: nn.Module, step: int) -> None:  # noqa: B027
+        """Prove at runtime that the recipe is really applied; raise if it silently is not."""
+
+    def state_dict(self) -> dict:
+        """Recipe scale state (amax histories, scales) for checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027
+        pass
+
+
+def resolve_backend_name(cfg: Config) -> str:
+    """te or emulated, from backend.name (auto: te where it can run the recipe natively)."""
+    if cfg.backend.name != "auto":
+        return cfg.backend.name
+    from harness.backends.capability import te_supports
+
+    ok, _ = te_supports(cfg)
+    return "te" if ok else "emulated"
+
+
+def build_backend(cfg: Config, device: torch.device) -> Backend:
+    name = resolve_backend_name(cfg)
+    if name == "te":
+        from harness.backends.te import TEBackend
+
+        return TEBackend(cfg, device)
+    from harness.backends.emulated import EmulatedBackend
+
+    return EmulatedBackend(cfg, device)

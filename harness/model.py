@@ -1,0 +1,169 @@
+"""A precision-agnostic GPT: pre-norm blocks, causal attention, GELU or SwiGLU MLP.
+
+The model never sees a recipe. Every GEMM that a recipe may quantize is built by `ops.linear(name, ...)`
+and the MLP activation by `ops.activation(name, ...)`; the backend decides what those modules do
+(plain BF16, emulated FP8/FP4, or TE). Names are the modules' qualified names in this model, so
+stability overrides (`blocks.0.*`) and telemetry rows match what `named_modules()` prints.
+A backend may also replace whole blocks (TE's fused TransformerLayer) through `blocks=`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from harness.config.schema import ModelConfig
+
+
+class Ops(Protocol):
+    """What a backend provides to build the quantizable parts of the model."""
+
+    def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module: ...
+
+    def activation(self, name: str, kind: str) -> nn.Module: ...
+
+
+def norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.normalization == "LayerNorm":
+        return nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+    if cfg.normalization == "RMSNorm":
+        return nn.RMSNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+    raise ValueError(f"model.normalization={cfg.normalization}: use LayerNorm or RMSNorm")
+
+
+def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, D/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, H, T, D); rotate pairs (x1, x2) of the two halves, in fp32 for accuracy
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.to(x.dtype)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """SDPA in the operands' dtype; on a CPU in fp32 (no fast bf16 kernel there), rounded back."""
+    if q.is_cuda or q.dtype == torch.float32:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    return y.to(q.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops, prefix: str):
+        super().__init__()
+        self.n_head = cfg.num_attention_heads
+        h = cfg.hidden_size
+        self.qkv = ops.linear(f"{prefix}.qkv", h, 3 * h, cfg.add_bias_linear)
+        self.proj = ops.linear(f"{prefix}.proj", h, h, cfg.add_bias_linear)
+        self.rope = cfg.position_embedding == "rope"
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        B, T, C = x.shape
+        qkv = self.qkv(x)  # (B, T, 3C)
+        q, k, v = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (B, H, T, D) each
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])
+        y = causal_attention(q, k, v)  # (B, H, T, D)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops, prefix: str):
+        super().__init__()
+        h, f = cfg.hidden_size, cfg.ffn_hidden_size
+        gated = cfg.activation == "swiglu"
+        # SwiGLU: one fused fc1 producing both the gate and the value (Megatron's layout)
+        self.fc1 = ops.linear(f"{prefix}.fc1", h, 2 * f if gated else f, cfg.add_bias_linear)
+        self.act = ops.activation(f"{prefix}.act", cfg.activation)
+        self.fc2 = ops.linear(f"{prefix}.fc2", f, h, cfg.add_bias_linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops, index: int):
+        super().__init__()
+        prefix = f"blocks.{index}"
+        self.ln1 = norm(cfg)
+        self.attn = Attention(cfg, ops, f"{prefix}.attn")
+        self.ln2 = norm(cfg)
+        self.mlp = MLP(cfg, ops, f"{prefix}.mlp")
+
+    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), rope)  # residual stream stays fp32, as under autocast
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops, blocks: nn.ModuleList | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.wpe = nn.Embedding(cfg.seq_length, cfg.hidden_size) if cfg.position_embedding == "learned" else None
+        self.blocks = blocks if blocks is not None else nn.ModuleList(
+            Block(cfg, ops, i) for i in range(cfg.num_layers)
+        )
+        self.ln_f = norm(cfg)
+        # untied LM head; stays in high precision under every recipe (numerics.md section 1)
+        self.lm_head = ops.linear("lm_head", cfg.hidden_size, cfg.vocab_size, False)
+        if cfg.position_embedding == "rope":
+            cos, sin = rope_cache(cfg.seq_length, cfg.hidden_size // cfg.num_attention_heads)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_method_std
+        # GPT-2 style: residual output projections scaled by 1/sqrt(2 * layers)
+        out_std = std / math.sqrt(2 * self.cfg.num_layers)
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            if name.startswith("blocks.") and not _is_plain_block_param(name):
+                continue  # a backend's own blocks (TE) keep their initialisation
+            is_out = name.endswith(("attn.proj.weight", "mlp.fc2.weight"))
+            nn.init.normal_(p, mean=0.0, std=out_std if is_out else std)
+        for m in self.modules():
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        x = self.wte(idx)  # (B, T, C) fp32
+        if self.wpe is not None:
+            x = x + self.wpe.weight[:T]
+        rope = (self.rope_cos, self.rope_sin) if self.wpe is None else None
+        for block in self.blocks:
+            x = block(x, rope) if isinstance(block, Block) else block(x)
+        return self.lm_head(self.ln_f(x))  # (B, T, V)
+
+
+def _is_plain_block_param(name: str) -> bool:
+    return any(part in name for part in (".attn.qkv.", ".attn.proj.", ".mlp.fc1.", ".mlp.fc2."))
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    # cross entropy in fp32 whatever the logits' dtype
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+def count_params(model: nn.Module) -> dict[str, int]:
+    """Parameter counts; `non_embedding` is N of the 6*N*tokens FLOP count (anchors.md)."""
+    total = sum(p.numel() for p in model.parameters())
+    emb = sum(p.numel() for n, p in model.named_parameters() if n.startswith(("wte.", "wpe.")))
+    return {"total": total, "non_embedding": total - emb}
+
+
+def flops_per_token(cfg: ModelConfig, non_embedding_params: int) -> float:
+    """Model FLOPs per token: 6*N + causal attention 6*L*h*seq (anchors.md's count)."""
+    return 6 * non_embedding_params + 6 * cfg.num_layers * cfg.hidden_size * cfg.seq_length
