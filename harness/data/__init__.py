@@ -1,0 +1,52 @@
+"""Token data sources: `build_data(cfg.data, vocab_size=, seq_length=)` -> TokenData.
+
+    data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
+    for inputs, targets in data.train_batches(cfg.micro_batch_size, seed=cfg.seed, start=k): ...
+    held_out = data.eval_batches(cfg.eval_tokens, cfg.micro_batch_size)   # same every call
+    run_json["data"] = data.describe()
+
+Sources: synthetic (uniform tokens), markov (seeded Markov chain, known loss floor), stdlib_bytes
+(the interpreter's stdlib as bytes), memmap (nanoGPT .bin files), megatron (indexed .bin/.idx).
+"""
+
+from __future__ import annotations
+
+from harness.config.schema import DataConfig
+from harness.data import files, markov, stdlib_bytes, synthetic
+from harness.data.base import Batch, StreamData, TokenData, config_error
+
+__all__ = ["Batch", "StreamData", "TokenData", "build_data", "SOURCES"]
+
+SOURCES = {
+    "synthetic": synthetic.build,
+    "markov": markov.build,
+    "stdlib_bytes": stdlib_bytes.build,
+    "memmap": files.build_memmap,
+    "megatron": files.build_megatron,
+}
+
+
+def build_data(cfg: DataConfig, *, vocab_size: int, seq_length: int) -> TokenData:
+    """The source named by cfg.name, for a model with this vocabulary and sequence length."""
+    if cfg.name not in SOURCES:
+        raise config_error(f"data.name={cfg.name}", "unknown data source", f"use one of {', '.join(SOURCES)}")
+    if cfg.vocab_size is not None and cfg.vocab_size < 1:
+        raise config_error(f"data.vocab_size={cfg.vocab_size}", "must be >= 1", "set it >= 1 or null")
+    if seq_length < 1:
+        raise config_error(f"model.seq_length={seq_length}", "must be >= 1", "set it >= 1")
+    fix = f"set data.vocab_size<={vocab_size} or use a model with vocab_size>="
+    if cfg.vocab_size is not None and cfg.vocab_size > vocab_size:  # fail before generating anything
+        raise config_error(
+            f"data.vocab_size={cfg.vocab_size}",
+            f"does not fit model.vocab_size={vocab_size}",
+            fix + str(cfg.vocab_size),
+        )
+    source_vocab = cfg.vocab_size if cfg.vocab_size is not None else vocab_size
+    data = SOURCES[cfg.name](cfg, source_vocab, seq_length)
+    if data.vocab_size > vocab_size:
+        raise config_error(
+            f"data.vocab_size={data.vocab_size} ({data.facts.get('vocab_source', cfg.name)})",
+            f"does not fit model.vocab_size={vocab_size}",
+            fix + str(data.vocab_size),
+        )
+    return data
