@@ -1,0 +1,72 @@
+"""The artifact contract's names (architecture.md, "Artifacts" and "Metric keys"), used by name.
+
+The harness defines the same strings; analysis never imports it, so they are repeated here once and
+every other analysis module imports them from this file.
+"""
+
+from __future__ import annotations
+
+# Files of a run directory.
+RUN_JSON = "run.json"
+METRICS_JSONL = "metrics.jsonl"
+NUMERICS_JSONL = "numerics.jsonl"
+SUMMARY_JSON = "summary.json"
+MULTIRUN_YAML = "multirun.yaml"
+
+# Metric keys of metrics.jsonl (section/name); the x-axis everywhere is TOKENS.
+STEP = "step"
+TOKENS = "tokens"
+LOSS_TRAIN = "loss/train"
+LOSS_EVAL = "loss/eval"
+LR = "optim/lr"
+GRAD_NORM = "optim/grad_norm"
+STEP_MS = "time/step_ms"
+TOKENS_PER_S = "throughput/tokens_per_s"
+TFLOPS = "throughput/tflops"
+MFU = "throughput/mfu"
+PEAK_MEM_GIB = "memory/peak_allocated_gib"
+METRIC_KEYS = (LOSS_TRAIN, LOSS_EVAL, LR, GRAD_NORM, STEP_MS, TOKENS_PER_S, TFLOPS, MFU, PEAK_MEM_GIB)
+NUMERICS_PREFIX = "numerics/"
+"""Telemetry summaries inside metrics.jsonl: `numerics/<layer>/<tensor>/<stat>`."""
+
+# Columns of numerics.jsonl.
+TELEMETRY_LAYER = "layer"
+TELEMETRY_TENSOR = "tensor"
+TELEMETRY_TENSORS = ("input", "weight", "grad")
+TELEMETRY_STATS = ("amax", "scale", "underflow", "saturation", "sqnr_db")
+
+# Fields of summary.json.
+SUMMARY_FIELDS = (
+    "status",
+    "recipe",
+    "variant",
+    "backend",
+    "hardware",
+    "model",
+    "data",
+    "seed",
+    "steps",
+    "tokens",
+    "final_train_loss",
+    "final_eval_loss",
+    "loss_floor",
+    "tokens_per_s",
+    "step_time_ms",
+    "mfu_bf16_peak",
+    "mfu_recipe_peak",
+    "peak_mem_gib",
+    "memory",
+    "wall_time_s",
+    "diverged_step",
+    "divergence_cause",
+    "error",
+)
+COMPLETED, DIVERGED, FAILED, PREEMPTED = "completed", "diverged", "failed", "preempted"
+INCOMPLETE = "incomplete"
+"""Not a summary status: analysis's name for a run directory without summary.json."""
+
+BASELINE_RECIPE = "bf16"
+NATIVE_BACKEND = "te"
+EMULATED_BACKEND = "emulated"
+DEFAULT_VARIANT = "none+adamw_fp32"
+"""Stability and optimizer presets of the plain BF16 baseline (conf/config.yaml defaults)."""

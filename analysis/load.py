@@ -1,0 +1,413 @@
+"""Find run directories and read their artifacts, keeping going past broken ones.
+
+A run directory is any directory holding `run.json`; W&B offline runs (`offline-run-*/run-*.wandb`) that
+live outside every run directory are read too (`wandb_offline.py`). Nothing is dropped silently: every
+problem becomes a `RunWarning` naming the run and what was skipped, and stays in `Run.issues` for the
+report. `numerics.jsonl` is read only on request (`load_numerics`), since it is only needed for heatmaps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analysis import keys as K
+
+_SKIP_DIRS = {"checkpoints", ".hydra", "__pycache__", ".git"}
+
+
+class RunWarning(UserWarning):
+    """A run, or part of one, could not be read; the message names the run and what was skipped."""
+
+
+@dataclass
+class Run:
+    """One run's artifacts. `train`/`eval` are columns (numpy arrays) sorted by step."""
+
+    path: Path
+    name: str
+    config: dict[str, Any]
+    provenance: dict[str, Any]
+    wandb: dict[str, Any] | None
+    summary: dict[str, Any] | None
+    """None when summary.json is missing: the run is reported as incomplete."""
+    train: dict[str, np.ndarray]
+    """Columns of the training rows: `step`, `tokens` and every metric key present (NaN where absent)."""
+    eval: dict[str, np.ndarray]
+    """Columns of the eval rows: `step`, `tokens`, `loss/eval`."""
+    issues: list[str] = field(default_factory=list)
+    source: str = "run_dir"
+    """`run_dir` or `wandb_offline`."""
+
+    def get(self, name: str) -> Any:
+        """A summary field, falling back to provenance and then the resolved config."""
+        for d in (self.summary or {}, self.provenance, self.config):
+            v = d.get(name)
+            if v is not None:
+                return _name_of(v)
+        return None
+
+    @property
+    def status(self) -> str:
+        return (self.summary or {}).get("status") or K.INCOMPLETE
+
+    @property
+    def recipe(self) -> str | None:
+        return self.get("recipe")
+
+    @property
+    def variant(self) -> str:
+        v = (self.summary or {}).get("variant")
+        if v:
+            return str(v)
+        stab, opt = _name_of(self.config.get("stability")), _name_of(self.config.get("optimizer"))
+        return f"{stab or 'none'}+{opt or 'adamw_fp32'}"
+
+    @property
+    def backend(self) -> str | None:
+        """The resolved backend (`te` or `emulated`); None when unknown (never counted as native)."""
+        b = (self.summary or {}).get("backend") or self.provenance.get("backend")
+        if b is None:
+            b = _name_of(self.config.get("backend"))
+        return None if b in (None, "auto") else str(b)
+
+    @property
+    def hardware(self) -> str | None:
+        h = (self.summary or {}).get("hardware") or self.provenance.get("hardware")
+        if h is None:
+            h = _name_of(self.config.get("hardware"))
+        return None if h in (None, "auto") else str(h)
+
+    @property
+    def model(self) -> str | None:
+        return self.get("model")
+
+    @property
+    def data(self) -> str | None:
+        return self.get("data")
+
+    @property
+    def seed(self) -> int | None:
+        s = self.get("seed")
+        return int(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else None
+
+    @property
+    def steps(self) -> int | None:
+        s = (self.summary or {}).get("steps") or self.config.get("steps")
+        return int(s) if isinstance(s, (int, float)) else None
+
+    @property
+    def planned_tokens(self) -> int | None:
+        """steps * global_batch_size * seq_length from the resolved config."""
+        c = self.config
+        seq = (c.get("model") or {}).get("seq_length") if isinstance(c.get("model"), dict) else None
+        vals = (c.get("steps"), c.get("global_batch_size"), seq)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+            return int(vals[0] * vals[1] * vals[2])
+        return None
+
+    @property
+    def token_budget(self) -> int | None:
+        """The grouping budget: summary.tokens of a completed run, else the planned budget.
+
+        A diverged, failed or preempted run stopped early, so its summary.tokens would put it in a
+        group of its own; the planned budget keeps it beside the runs it was launched with.
+        """
+        st = (self.summary or {}).get("tokens")
+        if self.status == K.COMPLETED and isinstance(st, (int, float)) and st > 0:
+            return int(st)
+        planned = self.planned_tokens
+        if planned:
+            return planned
+        if isinstance(st, (int, float)) and st > 0:
+            return int(st)
+        return int(self.train[K.TOKENS][-1]) if len(self.train.get(K.TOKENS, ())) else None
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.recipe == K.BASELINE_RECIPE
+
+    @property
+    def is_native(self) -> bool:
+        return self.backend == K.NATIVE_BACKEND
+
+    def summary_number(self, name: str) -> float | None:
+        v = (self.summary or {}).get(name)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """summary.tokens_per_s (median of steady-state steps); else the median of logged values."""
+        v = self.summary_number("tokens_per_s")
+        return v if v is not None else _nanmedian(self.train.get(K.TOKENS_PER_S))
+
+    @property
+    def peak_mem_gib(self) -> float | None:
+        v = self.summary_number("peak_mem_gib")
+        if v is not None:
+            return v
+        col = self.train.get(K.PEAK_MEM_GIB)
+        return float(np.nanmax(col)) if col is not None and np.isfinite(col).any() else None
+
+    @property
+    def final_eval_loss(self) -> float | None:
+        v = self.summary_number("final_eval_loss")
+        if v is not None:
+            return v
+        ev = self.eval.get(K.LOSS_EVAL)
+        if ev is not None and len(ev) and np.isfinite(ev[-1]):
+            return float(ev[-1])
+        return None
+
+    @property
+    def label(self) -> str:
+        return f"{self.recipe} [{self.variant}] ({self.backend or 'backend?'})"
+
+
+def _name_of(v: Any) -> Any:
+    return v.get("name") if isinstance(v, dict) else v
+
+
+def _nanmedian(col: np.ndarray | None) -> float | None:
+    if col is None or not np.isfinite(col).any():
+        return None
+    return float(np.nanmedian(col))
+
+
+# --- discovery ------------------------------------------------------------------------------------
+
+
+def discover(paths: list[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
+    """Run directories (holding run.json) and W&B offline files outside them, under `paths`."""
+    run_dirs: list[Path] = []
+    wandb_files: list[Path] = []
+    for root in map(Path, paths):
+        if root.is_file() and root.suffix == ".wandb":
+            wandb_files.append(root)
+            continue
+        if not root.is_dir():
+            raise FileNotFoundError(f"no such directory: {root}")
+        for dirpath, dirnames, filenames in os.walk(root):
+            if K.RUN_JSON in filenames:
+                run_dirs.append(Path(dirpath))
+                dirnames[:] = []  # a run's wandb/ and checkpoints/ belong to it
+                continue
+            wb = sorted(f for f in filenames if f.startswith("run-") and f.endswith(".wandb"))
+            if wb:
+                wandb_files.extend(Path(dirpath) / f for f in wb)
+                dirnames[:] = []
+                continue
+            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+    return sorted(set(run_dirs)), sorted(set(wandb_files))
+
+
+def _run_name(path: Path, roots: list[Path]) -> str:
+    for root in roots:
+        try:
+            rel = path.resolve().relative_to(root.resolve())
+        except ValueError:
+            continue
+        prefix = root.resolve().name if len(roots) > 1 else ""
+        parts = [p for p in (prefix, rel.as_posix()) if p and p != "."]
+        return "/".join(parts) or root.resolve().name
+    return path.as_posix()
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path, what: str, issues: list[str]) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        issues.append(f"{what} unreadable ({type(e).__name__}: {e}); skipped")
+        return None
+    if not isinstance(obj, dict):
+        issues.append(f"{what} is not a JSON object; skipped")
+        return None
+    return obj
+
+
+def parse_jsonl(path: Path, issues: list[str]) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file; bad lines are skipped and counted in `issues`.
+
+    The whole file is parsed in one `json.loads` call (an array of the lines): several times faster
+    than one call per line. Only when that fails is it parsed line by line, to find the bad lines.
+    """
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    try:
+        rows = json.loads("[" + ",".join(lines) + "]")
+    except ValueError:
+        rows, bad = [], []
+        for i, ln in enumerate(lines, 1):
+            try:
+                rows.append(json.loads(ln))
+            except ValueError:
+                bad.append(i)
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        issues.append(f"{path.name}: skipped {len(bad)} unparseable line(s) (non-empty line {shown})")
+    good = [r for r in rows if isinstance(r, dict)]
+    if len(good) != len(rows):
+        issues.append(f"{path.name}: skipped {len(rows) - len(good)} line(s) that are not JSON objects")
+    return good
+
+
+def _columns(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, np.ndarray]:
+    cols = {}
+    for k in keys:
+        vals = [r.get(k) for r in rows]
+        try:
+            cols[k] = np.array(vals, dtype=float)  # JSON null -> NaN
+        except (TypeError, ValueError):
+            cols[k] = np.array([v if isinstance(v, (int, float)) else math.nan for v in vals], dtype=float)
+    return cols
+
+
+def _sorted_by_step(cols: dict[str, np.ndarray], what: str, issues: list[str]) -> dict[str, np.ndarray]:
+    step = cols[K.STEP]
+    if len(step) < 2 or np.all(np.diff(step) > 0):
+        return cols
+    # Repeated steps come from a resumed run: the later row is the one that counts.
+    _, first_in_reversed = np.unique(step[::-1], return_index=True)
+    keep = len(step) - 1 - first_in_reversed
+    issues.append(f"{what}: {len(step) - len(keep)} repeated or out-of-order row(s); kept the last per step")
+    return {k: v[keep] for k, v in cols.items()}
+
+
+def read_metrics(path: Path, issues: list[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(train columns, eval columns) of a metrics.jsonl; `numerics/...` keys are not kept."""
+    rows = parse_jsonl(path, issues)
+    ok = [
+        r
+        for r in rows
+        if isinstance(r.get(K.STEP), (int, float)) and isinstance(r.get(K.TOKENS), (int, float))
+    ]
+    if len(ok) != len(rows):
+        issues.append(f"{path.name}: skipped {len(rows) - len(ok)} row(s) without numeric step and tokens")
+    ev_rows = [r for r in ok if K.LOSS_EVAL in r]
+    tr_rows = [r for r in ok if K.LOSS_TRAIN in r or K.LOSS_EVAL not in r]
+    tr_keys = set().union(*map(dict.keys, tr_rows)) if tr_rows else {K.STEP, K.TOKENS}
+    tr_keys = sorted(k for k in tr_keys if not k.startswith(K.NUMERICS_PREFIX) and k != K.LOSS_EVAL)
+    train = _sorted_by_step(_columns(tr_rows, tr_keys), path.name, issues)
+    ev = _sorted_by_step(_columns(ev_rows, [K.STEP, K.TOKENS, K.LOSS_EVAL]), f"{path.name} (eval)", issues)
+    return train, ev
+
+
+def read_run_dir(path: str | os.PathLike, name: str | None = None) -> Run:
+    """Read one run directory. Never raises for broken artifacts: see `Run.issues`."""
+    path = Path(path)
+    issues: list[str] = []
+    rj = _read_json(path / K.RUN_JSON, K.RUN_JSON, issues) or {}
+    summary = _read_json(path / K.SUMMARY_JSON, K.SUMMARY_JSON, issues)
+    if summary is None and not (path / K.SUMMARY_JSON).exists():
+        issues.append("no summary.json: reported as incomplete")
+    train: dict[str, np.ndarray] = {K.STEP: np.zeros(0), K.TOKENS: np.zeros(0)}
+    ev: dict[str, np.ndarray] = {K.STEP: np.zeros(0), K.TOKENS: np.zeros(0), K.LOSS_EVAL: np.zeros(0)}
+    mp = path / K.METRICS_JSONL
+    if mp.exists():
+        try:
+            train, ev = read_metrics(mp, issues)
+        except OSError as e:
+            issues.append(f"metrics.jsonl unreadable ({e}); no curves")
+    else:
+        issues.append("no metrics.jsonl: no curves")
+    config = rj.get("config") if isinstance(rj.get("config"), dict) else {}
+    prov = rj.get("provenance") if isinstance(rj.get("provenance"), dict) else {}
+    wb = rj.get("wandb") if isinstance(rj.get("wandb"), dict) else None
+    return Run(path, name or path.name, config, prov, wb, summary, train, ev, issues)
+
+
+def _read_many(args: list[tuple[Path, str]]) -> list[Run]:
+    return [read_run_dir(p, n) for p, n in args]
+
+
+def load_runs(paths: list[str | os.PathLike] | str | os.PathLike, *, workers: int | None = None) -> list[Run]:
+    """Every run under `paths` (run directories, then W&B offline runs not already loaded).
+
+    Each problem is warned about (`RunWarning`) and kept in `Run.issues`. Many runs are read in
+    `workers` processes (default: all cores); JSON parsing is the cost, so this scales with cores.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    roots = [Path(p) for p in paths]
+    run_dirs, wandb_files = discover(roots)
+    jobs = [(p, _run_name(p, roots)) for p in run_dirs]
+    workers = workers if workers is not None else (os.cpu_count() or 1)
+    if workers > 1 and len(jobs) >= 8:
+        chunks = [jobs[i::workers] for i in range(workers)]
+        with ProcessPoolExecutor(workers) as ex:
+            runs = [r for part in ex.map(_read_many, chunks) for r in part]
+    else:
+        runs = _read_many(jobs)
+    known_ids = {r.wandb.get("run_id") for r in runs if r.wandb}
+    if wandb_files:
+        from analysis.wandb_offline import read_offline_run
+
+        for f in wandb_files:
+            run = read_offline_run(f, name=_run_name(f.parent, roots))
+            if run.wandb and run.wandb.get("run_id") in known_ids:
+                continue  # the same run, already read from its run directory
+            runs.append(run)
+    runs.sort(key=lambda r: r.name)
+    for r in runs:
+        for msg in r.issues:
+            warnings.warn(f"run {r.name}: {msg}", RunWarning, stacklevel=2)
+    return runs
+
+
+# --- telemetry (heatmaps only) --------------------------------------------------------------------
+
+
+def load_numerics(run: Run) -> list[dict[str, Any]]:
+    """Telemetry rows of numerics.jsonl; without that file, the `numerics/<layer>/<tensor>/<stat>`
+    summaries of metrics.jsonl, as rows of the same shape. Empty when there is no telemetry."""
+    issues: list[str] = []
+    rows: list[dict[str, Any]] = []
+    npath = Path(run.path) / K.NUMERICS_JSONL
+    if npath.exists():
+        rows = [r for r in parse_jsonl(npath, issues) if "layer" in r and "tensor" in r]
+    elif (Path(run.path) / K.METRICS_JSONL).exists():
+        by_key: dict[tuple, dict[str, Any]] = {}
+        for r in parse_jsonl(Path(run.path) / K.METRICS_JSONL, issues):
+            for k, v in r.items():
+                if not k.startswith(K.NUMERICS_PREFIX):
+                    continue
+                parts = k[len(K.NUMERICS_PREFIX) :].split("/")
+                if len(parts) < 3:
+                    continue
+                # Layer names may hold '/', tensor and stat never do.
+                layer, tensor, stat = "/".join(parts[:-2]), parts[-2], parts[-1]
+                key = (r.get(K.STEP), layer, tensor)
+                by_key.setdefault(key, {"step": key[0], "layer": layer, "tensor": tensor})[stat] = v
+        rows = list(by_key.values())
+    for msg in issues:
+        warnings.warn(f"run {run.name}: {msg}", RunWarning, stacklevel=2)
+    return rows
+
+
+def numerics_matrix(rows: list[dict[str, Any]], stat: str) -> tuple[list[str], list[str], np.ndarray]:
+    """(layers in module order, tensors, mean of `stat` over telemetry steps) as a layer x tensor matrix."""
+    layers = list(dict.fromkeys(r["layer"] for r in rows))
+    tensors = [t for t in K.TELEMETRY_TENSORS if any(r["tensor"] == t for r in rows)]
+    tensors += sorted({r["tensor"] for r in rows} - set(tensors))
+    li, ti = {name: i for i, name in enumerate(layers)}, {name: i for i, name in enumerate(tensors)}
+    total = np.zeros((len(layers), len(tensors)))
+    count = np.zeros_like(total)
+    for r in rows:
+        v = r.get(stat)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            total[li[r["layer"]], ti[r["tensor"]]] += v
+            count[li[r["layer"]], ti[r["tensor"]]] += 1
+    with np.errstate(invalid="ignore"):
+        return layers, tensors, np.where(count > 0, total / np.maximum(count, 1), np.nan)

@@ -1,0 +1,175 @@
+"""Fixture run directories for the analysis tests, written exactly to architecture.md's contract.
+
+`write_run` writes one run directory (run.json, metrics.jsonl, numerics.jsonl, summary.json) from a
+closed-form loss curve, so tests can predict numbers. `SWEEP_SOURCES` maps a name to a function
+`make(root: Path) -> Path` returning a sweep directory with (at least) two BF16 seeds and two
+low-precision recipes; every test that takes the `sweep_dir` fixture runs once per source. To add
+the sweep made by the real harness, add one entry (e.g. `"harness": make_harness_sweep`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+LAYERS = ("blocks.0.attn.qkv", "blocks.0.mlp.fc1", "blocks.1.attn.qkv", "blocks.1.mlp.fc1")
+
+
+def loss_curve(step: np.ndarray, steps: int, *, seed: int, offset: float, noise: float) -> np.ndarray:
+    """A power-law training curve with seed-dependent noise shared by every recipe of that seed."""
+    base = 2.0 + 3.5 * (1.0 + step / 20.0) ** -0.7
+    rng = np.random.default_rng(1000 + seed)
+    per_step = rng.normal(0.0, noise, steps + 1)  # same draws at the same step, whatever the cadence
+    return base + offset * np.minimum(1.0, step / (0.3 * steps)) + 0.004 * (seed - 0.5) + per_step[step]
+
+
+def write_run(
+    root: Path,
+    name: str,
+    *,
+    recipe: str = "bf16",
+    seed: int = 0,
+    backend: str = "emulated",
+    hardware: str = "cpu",
+    stability: str = "none",
+    optimizer: str = "adamw_fp32",
+    model: str = "gpt_tiny",
+    data: str = "markov",
+    steps: int = 200,
+    log_interval: int = 10,
+    eval_interval: int = 50,
+    global_batch_size: int = 8,
+    seq_length: int = 64,
+    offset: float = 0.0,
+    noise: float = 0.01,
+    loss_fn: Callable[[np.ndarray], np.ndarray] | None = None,
+    step_ms: float = 100.0,
+    peak_mem_gib: float = 1.0,
+    status: str = "completed",
+    diverged_step: int | None = None,
+    summary: bool = True,
+    telemetry: bool = True,
+    corrupt: bool = False,
+    wandb_run_id: str | None = None,
+) -> Path:
+    """One run directory. `loss_fn(step) -> loss` replaces the default curve; `diverged_step` makes
+    the loss NaN from that step on and stops logging there."""
+    d = root / name
+    d.mkdir(parents=True)
+    tokens_per_step = global_batch_size * seq_length
+    last = diverged_step if diverged_step is not None else steps
+    step = np.arange(log_interval, last + 1, log_interval)
+    if diverged_step is not None and (not len(step) or step[-1] != diverged_step):
+        step = np.append(step, diverged_step)
+    loss = loss_fn(step) if loss_fn else loss_curve(step, steps, seed=seed, offset=offset, noise=noise)
+    if diverged_step is not None:
+        loss[-1] = math.nan
+    tps = tokens_per_step / (step_ms / 1000.0)
+    config = {
+        "recipe": {"name": recipe, "fp8": None if recipe in ("bf16", "nvfp4") else "e4m3"},
+        "stability": {"name": stability, "fp8_margin": 0},
+        "optimizer": {"name": optimizer, "lr": 3e-4},
+        "hardware": {"name": hardware, "peak_tflops": {"bf16": 989 if hardware != "cpu" else None}},
+        "model": {"name": model, "num_layers": 2, "hidden_size": 64, "seq_length": seq_length},
+        "data": {"name": data, "alpha": 0.05},
+        "backend": {"name": backend},
+        "logger": {"name": "none"},
+        "seed": seed,
+        "steps": steps,
+        "micro_batch_size": global_batch_size,
+        "global_batch_size": global_batch_size,
+        "eval_interval": eval_interval,
+        "eval_tokens": 4096,
+        "log_interval": log_interval,
+        "telemetry_interval": 50 if telemetry else 0,
+    }
+    provenance = {
+        "git_sha": "0" * 40, "git_dirty": False, "python": "3.11.7", "torch": "2.13.0", "te": None,
+        "cuda": None, "gpu_name": None, "gpu_capability": None, "nvte_env": {}, "recipe_repr": recipe,
+        "backend": backend, "hardware": hardware, "seed": seed, "data_fingerprint": "f" * 16,
+        "hostname": "fixture", "started_at": "2026-01-01T00:00:00Z",
+    }  # fmt: skip
+    wandb = None
+    if wandb_run_id:
+        wandb = {"run_id": wandb_run_id, "project": "lowp", "group": "fixture", "mode": "offline", "dir": None}
+    (d / "run.json").write_text(json.dumps({"config": config, "provenance": provenance, "wandb": wandb}))
+    lines = []
+    for s, v in zip(step.tolist(), loss.tolist(), strict=True):
+        row = {
+            "step": s, "tokens": s * tokens_per_step, "loss/train": None if math.isnan(v) else v,
+            "optim/lr": 3e-4, "optim/grad_norm": 1.0, "time/step_ms": step_ms,
+            "throughput/tokens_per_s": tps, "throughput/tflops": None, "throughput/mfu": None,
+            "memory/peak_allocated_gib": peak_mem_gib,
+        }  # fmt: skip
+        lines.append(json.dumps(row))
+        if s % eval_interval == 0 and not math.isnan(v):
+            lines.append(json.dumps({"step": s, "tokens": s * tokens_per_step, "loss/eval": v + 0.05}))
+    if corrupt:
+        lines.insert(len(lines) // 2, '{"step": 55, "tokens": 35')  # a torn write in the middle
+        lines.append("not json at all")
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if telemetry and recipe != "bf16":
+        with open(d / "numerics.jsonl", "w") as f:
+            for s in range(50, last + 1, 50):
+                for i, layer in enumerate(LAYERS):
+                    for j, tensor in enumerate(("input", "weight", "grad")):
+                        under = 0.001 * (i + 1) * (3 if tensor == "grad" else 1) * (5 if recipe == "nvfp4" else 1)
+                        f.write(json.dumps({
+                            "step": s, "layer": layer, "tensor": tensor, "amax": 1.0 + j, "scale": 448.0,
+                            "underflow": under, "saturation": 0.0001 * j, "sqnr_db": 30.0 - i,
+                        }) + "\n")  # fmt: skip
+    if summary:
+        evals = [v + 0.05 for s, v in zip(step, loss, strict=True) if s % eval_interval == 0 and np.isfinite(v)]
+        finite = loss[np.isfinite(loss)]
+        summ: dict[str, Any] = {
+            "status": status, "recipe": recipe, "variant": f"{stability}+{optimizer}", "backend": backend,
+            "hardware": hardware, "model": model, "data": data, "seed": seed, "steps": steps,
+            "tokens": int(last * tokens_per_step),
+            "final_train_loss": float(finite[-1]) if status == "completed" else None,
+            "final_eval_loss": float(evals[-1]) if evals and status == "completed" else None,
+            "loss_floor": 1.9, "tokens_per_s": tps, "step_time_ms": step_ms,
+            "mfu_bf16_peak": None if hardware == "cpu" else 0.4, "mfu_recipe_peak": None,
+            "peak_mem_gib": peak_mem_gib, "memory": {"params": 0.1}, "wall_time_s": last * step_ms / 1000,
+            "diverged_step": diverged_step, "divergence_cause": "loss is nan" if diverged_step else None,
+            "error": None,
+        }  # fmt: skip
+        (d / "summary.json").write_text(json.dumps(summ))
+    return d
+
+
+def make_synthetic_sweep(root: Path) -> Path:
+    """Hydra multirun layout: CPU group (all emulated: bf16, tensorwise, nvfp4) and an H200 group
+    (native bf16 and tensorwise, emulated mxfp8), two seeds each."""
+    sweep = root / "synthetic_sweep"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra:\n  mode: MULTIRUN\n")
+    n = 0
+    for recipe, offset in (("bf16", 0.0), ("tensorwise", 0.004), ("nvfp4", 0.05)):
+        for seed in (0, 1):
+            write_run(sweep, f"{n}_{recipe}_s{seed}", recipe=recipe, seed=seed, offset=offset)
+            n += 1
+    for recipe, backend, offset, ms, mem in (
+        ("bf16", "te", 0.0, 100.0, 10.0),
+        ("tensorwise", "te", 0.004, 75.0, 9.0),
+        ("mxfp8", "emulated", 0.006, 400.0, 12.0),
+    ):
+        for seed in (0, 1):
+            write_run(sweep, f"{n}_{recipe}_s{seed}", recipe=recipe, seed=seed, offset=offset,
+                      backend=backend, hardware="h200", step_ms=ms, peak_mem_gib=mem)  # fmt: skip
+            n += 1
+    return sweep
+
+
+SWEEP_SOURCES: dict[str, Callable[[Path], Path]] = {"synthetic": make_synthetic_sweep}
+
+
+@pytest.fixture(scope="session", params=sorted(SWEEP_SOURCES))
+def sweep_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep directory per source in SWEEP_SOURCES (two BF16 seeds and two or more recipes)."""
+    return SWEEP_SOURCES[request.param](tmp_path_factory.mktemp(request.param))
