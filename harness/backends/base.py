@@ -37,6 +37,15 @@ class Backend(ABC):
     def verify_active(self, model: nn.Module, step: int) -> None:  # noqa: B027
         """Prove at runtime that the recipe is really applied; raise if it silently is not."""
 
+    @contextlib.contextmanager
+    def collect_telemetry(self):
+        """Yield a list that fills with numerics rows for the forward/backward run inside the block."""
+        yield []
+
+    def memory_extras(self) -> dict:
+        """Bytes the model's parameters do not show: {'quantized_bytes', 'master_bytes'}."""
+        return {}
+
     def state_dict(self) -> dict:
         """Recipe scale state (amax histories, scales) for checkpoints."""
         return {}

@@ -1,0 +1,179 @@
+"""The run directory: the contract between the harness and analysis (architecture.md, Artifacts).
+
+    run.json         resolved config + provenance + W&B id (written when the run starts)
+    metrics.jsonl    one object per logged step (metric keys of harness.metrics)
+    numerics.jsonl   telemetry rows (step, layer, tensor, amax, scale, underflow, saturation, sqnr_db)
+    summary.json     written atomically at the end, also on failure
+    checkpoints/     the latest checkpoint (weights, optimizer, schedule, RNG, data position, scales)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _json_default(obj):
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    return repr(obj)
+
+
+def _clean(obj):
+    """NaN/Inf are not JSON: write them as null so every reader can parse every line."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def dumps(obj) -> str:
+    return json.dumps(_clean(obj), default=_json_default, allow_nan=False)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(_clean(obj), default=_json_default, indent=1, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def git_state() -> dict:
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=5)
+            return out.stdout.strip() if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_sha": sha, "git_dirty": bool(status) if status is not None else None}
+
+
+def provenance(*, backend: dict, hardware: str, seed: int, data: dict, device: torch.device) -> dict:
+    from harness.backends.capability import te_installed_version
+
+    gpu = {"gpu_name": None, "gpu_capability": None}
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        gpu = {"gpu_name": torch.cuda.get_device_name(device), "gpu_capability": f"{major}.{minor}"}
+    return {
+        **git_state(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "te": te_installed_version(),
+        "cuda": torch.version.cuda,
+        **gpu,
+        "cpu": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "nvte_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NVTE_")},
+        **backend,
+        "hardware": hardware,
+        "seed": seed,
+        "data_fingerprint": data.get("fingerprint"),
+        "data": data,
+        "hostname": socket.gethostname(),
+        "argv": sys.argv,
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+@dataclass
+class Summary:
+    """summary.json: every field of the contract; null where a run (or backend) cannot fill it."""
+
+    status: str = "failed"
+    recipe: str | None = None
+    variant: str | None = None
+    backend: str | None = None
+    hardware: str | None = None
+    model: str | None = None
+    data: str | None = None
+    seed: int | None = None
+    steps: int = 0
+    tokens: int = 0
+    final_train_loss: float | None = None
+    final_eval_loss: float | None = None
+    loss_floor: float | None = None
+    tokens_per_s: float | None = None
+    step_time_ms: float | None = None
+    mfu_bf16_peak: float | None = None
+    mfu_recipe_peak: float | None = None
+    peak_mem_gib: float | None = None
+    memory: dict = field(default_factory=dict)
+    wall_time_s: float | None = None
+    diverged_step: int | None = None
+    divergence_cause: str | None = None
+    error: str | None = None
+
+
+class RunWriter:
+    """Appends metric/telemetry rows (flushed per row, so a crash loses nothing already logged)."""
+
+    def __init__(self, run_dir: Path):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.dir / "metrics.jsonl", "a")
+        self._numerics = None
+
+    def write_run(self, run: dict) -> None:
+        write_json_atomic(self.dir / "run.json", run)
+
+    def metrics(self, row: dict) -> None:
+        self._metrics.write(dumps(row) + "\n")
+        self._metrics.flush()
+
+    def numerics(self, rows: list[dict]) -> None:
+        if self._numerics is None:
+            self._numerics = open(self.dir / "numerics.jsonl", "a")
+        self._numerics.write("".join(dumps(r) + "\n" for r in rows))
+        self._numerics.flush()
+
+    def summary(self, summary: Summary) -> None:
+        write_json_atomic(self.dir / "summary.json", dataclasses.asdict(summary))
+
+    def close(self) -> None:
+        self._metrics.close()
+        if self._numerics is not None:
+            self._numerics.close()
+
+
+def rng_state() -> dict:
+    import numpy as np
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def save_checkpoint(run_dir: Path, state: dict) -> Path:
+    """checkpoints/latest.pt, written to a temp file and renamed (never a half-written latest)."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir.mkdir(exist_ok=True)
+    path = ckpt_dir / "latest.pt"
+    tmp = ckpt_dir / ".latest.pt.tmp"
+    torch.save({**state, "rng": rng_state()}, tmp)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,304 @@
+"""Validation before any work: the low-precision guide's rules, TE's limits and lowp's own support.
+
+Every error is one line that names the options and the fix (exit code 2 at the entry point);
+warnings where the guide only recommends. `legality_errors` is what the guide and TE forbid (the
+Megatron export checks only these); `support_errors` is what lowp cannot run yet.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from harness.config import schema
+from harness.config.schema import Config
+
+
+class ConfigError(ValueError):
+    """A configuration that must not run; the message is one line naming the options and the fix."""
+
+
+class ConfigWarning(UserWarning):
+    """The guide recommends otherwise; the run goes on."""
+
+
+NAMES = {
+    "recipe.name": schema.RECIPES,
+    "recipe.fp8": (None, *schema.FP8_FORMATS),
+    "recipe.fp4": (None, *schema.FP4_FORMATS),
+    "recipe.fp8_amax_compute_algo": ("max", "most_recent"),
+    "optimizer.main_grads_dtype": ("fp32", "bf16"),
+    "optimizer.main_params_dtype": ("fp32", "fp16"),
+    "optimizer.exp_avg_dtype": schema.STATE_DTYPES,
+    "optimizer.exp_avg_sq_dtype": schema.STATE_DTYPES,
+    "model.normalization": ("LayerNorm", "RMSNorm"),
+    "model.activation": ("gelu", "swiglu"),
+    "model.position_embedding": ("learned", "rope"),
+    "data.name": ("synthetic", "markov", "stdlib_bytes", "memmap", "megatron"),
+    "data.token_dtype": ("uint16", "uint32"),
+    "backend.name": ("te", "emulated", "auto"),
+    "logger.name": ("wandb", "none"),
+    "logger.wandb.mode": ("offline", "online", "disabled"),
+    "dtype": ("bf16",),
+}
+
+# TE reads these at import; lowp sets them from config (architecture.md, "Honest mappings").
+NVTE_FROM_CONFIG = {
+    "NVTE_FP8_BLOCK_SCALING_FP32_SCALES": lambda c: "0" if c.recipe.power_2_scales else "1",
+    "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": lambda c: "1" if c.recipe.power_2_scales else "0",
+    "NVTE_NVFP4_DISABLE_RHT": lambda c: "1" if c.recipe.disable_rht else "0",
+    "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": lambda c: "1" if c.recipe.disable_stochastic_rounding else "0",
+    "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": lambda c: "1" if c.recipe.disable_2d_quantization else "0",
+}
+NVTE_RECIPE = {
+    "NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "blockwise",
+    "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": "tensorwise",
+    "NVTE_NVFP4_DISABLE_RHT": "nvfp4",
+    "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": "nvfp4",
+    "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": "nvfp4",
+}
+
+
+def _get(cfg: Config, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def te_version(cfg: Config) -> tuple[str, str]:
+    """(version, where it came from): the installed TE, else backend.te_version."""
+    from harness.backends.capability import te_installed_version
+
+    installed = te_installed_version()
+    if installed:
+        return installed, "installed transformer_engine"
+    return cfg.backend.te_version, "backend.te_version"
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def uses_te(cfg: Config) -> bool:
+    """backend=te, or auto on a machine where it would resolve to te."""
+    if cfg.backend.name == "te":
+        return True
+    if cfg.backend.name == "auto" and cfg.hardware.name not in ("cpu",):
+        from harness.backends.base import resolve_backend_name
+
+        return resolve_backend_name(cfg) == "te"
+    return False
+
+
+def _quantized_dims(cfg: Config) -> dict[str, int]:
+    m = cfg.model
+    f = m.ffn_hidden_size
+    return {
+        "model.hidden_size": m.hidden_size,
+        "model.ffn_hidden_size": f,
+        "micro_batch_size*model.seq_length": cfg.micro_batch_size * m.seq_length,
+    }
+
+
+def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of rules reads best
+    """What the guide, Megatron and TE forbid. Each item is a one-line message."""
+    errs: list[str] = []
+    for key, allowed in NAMES.items():
+        if _get(cfg, key) not in allowed:
+            shown = [a for a in allowed if a is not None]
+            errs.append(f"{key}={_get(cfg, key)}: unknown; choose one of {shown}")
+    if errs:
+        return errs
+    r, s, o, m = cfg.recipe, cfg.stability, cfg.optimizer, cfg.model
+
+    if r.fp8 and r.fp4:
+        errs.append(
+            f"recipe.fp8={r.fp8} and recipe.fp4={r.fp4}: FP8 and FP4 are mutually exclusive; "
+            "set one of them to null"
+        )
+    if r.name in schema.FP8_RECIPES and not r.fp8:
+        errs.append(f"recipe={r.name} needs recipe.fp8 (e4m3 or hybrid): set recipe.fp8=e4m3")
+    if r.name == "nvfp4" and r.fp4 != "e2m1":
+        errs.append("recipe=nvfp4 needs recipe.fp4=e2m1: set recipe.fp4=e2m1")
+    if r.name in ("bf16", "int4_qat") and (r.fp8 or r.fp4):
+        errs.append(
+            f"recipe={r.name} with recipe.fp8={r.fp8} recipe.fp4={r.fp4}: {r.name} runs BF16 GEMMs; "
+            "set recipe.fp8=null recipe.fp4=null or pick an FP8/FP4 recipe"
+        )
+    if r.name == "custom" and not r.quantizer_factory:
+        errs.append("recipe=custom needs recipe.quantizer_factory=module:function (your quantizer factory)")
+    if r.name == "custom" and not (r.fp8 or r.fp4):
+        errs.append("recipe=custom needs recipe.fp8 or recipe.fp4 (which format the factory emits)")
+    if r.fp8_amax_history_len < 1:
+        errs.append(f"recipe.fp8_amax_history_len={r.fp8_amax_history_len}: must be >= 1")
+    for key in ("x_block_dim", "w_block_dim", "grad_block_dim"):
+        if getattr(r, key) not in (1, 2):
+            errs.append(f"recipe.{key}={getattr(r, key)}: use 1 (1x128 blocks) or 2 (128x128 tiles)")
+    if r.int4_group_size < 1:
+        errs.append(f"recipe.int4_group_size={r.int4_group_size}: must be a positive group size, e.g. 128")
+
+    if s.first_last_layers_bf16 and r.name == "delayed":
+        errs.append(
+            "stability.first_last_layers_bf16=true with recipe=delayed: Megatron rejects BF16 first/last "
+            "layers under delayed scaling; use recipe=tensorwise (or blockwise/mxfp8) or drop the knob"
+        )
+    if s.first_last_layers_bf16:
+        n_bf16 = s.num_layers_at_start_in_bf16 + s.num_layers_at_end_in_bf16
+        if min(s.num_layers_at_start_in_bf16, s.num_layers_at_end_in_bf16) < 0 or n_bf16 > m.num_layers:
+            errs.append(
+                f"stability.num_layers_at_start_in_bf16={s.num_layers_at_start_in_bf16} + "
+                f"num_layers_at_end_in_bf16={s.num_layers_at_end_in_bf16} exceeds model.num_layers="
+                f"{m.num_layers}: lower them so that their sum is at most {m.num_layers}"
+            )
+    for ov in s.overrides:
+        if ov.recipe not in schema.RECIPES:
+            errs.append(f"stability.overrides pattern={ov.pattern} recipe={ov.recipe}: unknown; use bf16 "
+                        f"or one of {list(schema.RECIPES)}")
+
+    low_states = [k for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype", "main_params_dtype")
+                  if getattr(o, k) != "fp32"]
+    if low_states and not o.use_precision_aware_optimizer:
+        errs.append(
+            f"optimizer.{low_states[0]}={getattr(o, low_states[0])} needs the precision-aware optimizer: "
+            "set optimizer.use_precision_aware_optimizer=true"
+        )
+    if o.optimizer_cpu_offload and r.name in schema.FP8_RECIPES and r.name != "delayed":
+        errs.append(
+            f"optimizer.optimizer_cpu_offload=true with recipe={r.name}: only delayed scaling supports "
+            "optimizer CPU offload; use recipe=delayed or optimizer.optimizer_cpu_offload=false"
+        )
+    if o.optimizer_cpu_offload and r.name == "nvfp4":
+        errs.append("optimizer.optimizer_cpu_offload=true with recipe=nvfp4: not supported by Megatron; "
+                    "use recipe=delayed or optimizer.optimizer_cpu_offload=false")
+    if o.fp8_param and world_size() > 1 and not o.use_distributed_optimizer:
+        errs.append(
+            f"optimizer.fp8_param=true across {world_size()} ranks needs optimizer.use_distributed_optimizer"
+            "=true (or FSDP): set it"
+        )
+    if o.fp8_param and r.name in ("bf16", "int4_qat"):
+        errs.append(f"optimizer.fp8_param=true with recipe={r.name}: there is no quantized weight to keep; "
+                    "pick an FP8/FP4 recipe or set optimizer.fp8_param=false")
+
+    if cfg.global_batch_size % (cfg.micro_batch_size * world_size()) != 0:
+        errs.append(
+            f"global_batch_size={cfg.global_batch_size} is not a multiple of micro_batch_size="
+            f"{cfg.micro_batch_size} x {world_size()} ranks: make it one"
+        )
+    if m.hidden_size % m.num_attention_heads != 0:
+        errs.append(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
+                    f"{m.num_attention_heads}: change one of them")
+    if m.position_embedding == "rope" and (m.hidden_size // max(m.num_attention_heads, 1)) % 2:
+        errs.append("model.position_embedding=rope needs an even head dim (hidden_size/num_attention_heads)")
+    if cfg.steps < 1:
+        errs.append(f"steps={cfg.steps}: must be >= 1")
+
+    if uses_te(cfg):
+        errs += _te_errors(cfg)
+    return errs
+
+
+def _te_errors(cfg: Config) -> list[str]:
+    r, hw, s = cfg.recipe, cfg.hardware, cfg.stability
+    errs: list[str] = []
+    if hw.name == "cpu":
+        return ["backend=te with hardware=cpu: Transformer Engine needs a CUDA GPU; use backend=emulated"]
+    quantized = r.name not in ("bf16", "int4_qat")
+    cc = hw.compute_capability
+    if r.name in ("mxfp8", "nvfp4") and cc is not None and cc < 10.0:
+        errs.append(
+            f"recipe={r.name} with backend=te on hardware={hw.name} (compute capability {cc}): TE needs "
+            "compute capability >= 10.0 (Blackwell); use backend=emulated or hardware=b200"
+        )
+    elif quantized and r.name != "custom" and hw.native_recipes and r.name not in hw.native_recipes:
+        errs.append(
+            f"recipe={r.name} with backend=te on hardware={hw.name}: that GPU has no native {r.name}; "
+            f"use backend=emulated or one of {list(hw.native_recipes)}"
+        )
+    if r.name == "nvfp4" or r.fp4:
+        version, source = te_version(cfg)
+        if _version_tuple(version) < (2, 7, 0):
+            errs.append(
+                f"recipe=nvfp4 needs Transformer Engine >= 2.7.0 ({source} is {version}): upgrade TE or "
+                "use an FP8 recipe"
+            )
+    if not s.fp8_wgrad and r.name == "delayed":
+        errs.append(
+            "stability.fp8_wgrad=false with recipe=delayed and backend=te: TE 2.x ignores Megatron's "
+            "--no-fp8-wgrad and forbids its high-precision backward under delayed scaling; use "
+            "recipe=tensorwise, or backend=emulated (wgrad GEMM only)"
+        )
+    if quantized:
+        block = {"mxfp8": 32, "nvfp4": 16}.get(r.name, 16)
+        for key, dim in _quantized_dims(cfg).items():
+            if dim % block:
+                errs.append(
+                    f"{key}={dim} is not divisible by {block}, which recipe={r.name} GEMMs need on "
+                    f"backend=te: make it a multiple of {block}"
+                )
+    for var, value_of in NVTE_FROM_CONFIG.items():
+        have = os.environ.get(var)
+        want = value_of(cfg)
+        if have is not None and NVTE_RECIPE[var] == r.name and have != want:
+            errs.append(
+                f"environment {var}={have} contradicts the config (which sets {var}={want}): unset it and "
+                "choose the behaviour through the recipe fields"
+            )
+    return errs
+
+
+def support_errors(cfg: Config) -> list[str]:
+    """What lowp itself cannot run yet (each lifted by the issue that implements it)."""
+    errs = []
+    o = cfg.optimizer
+    for key in ("use_precision_aware_optimizer", "fp8_param", "optimizer_cpu_offload"):
+        if getattr(o, key):
+            errs.append(f"optimizer.{key}=true: not supported yet (the native TE backend issue adds it); "
+                        f"set optimizer.{key}=false")
+    if world_size() > 1:
+        errs.append(f"WORLD_SIZE={world_size()}: multi-rank runs are not supported yet; run one process")
+    return errs
+
+
+def recommendations(cfg: Config) -> list[str]:
+    """Warnings: what the guide recommends but does not require."""
+    r, s, o, m = cfg.recipe, cfg.stability, cfg.optimizer, cfg.model
+    out = []
+    if r.name == "mxfp8" and o.fp8_param and not o.reuse_grad_buf_for_mxfp8_param_ag:
+        out.append("recipe=mxfp8 with optimizer.fp8_param=true: the guide strongly recommends "
+                   "optimizer.reuse_grad_buf_for_mxfp8_param_ag=true")
+    if s.fp8_margin and r.name not in ("delayed", "custom"):
+        out.append(f"stability.fp8_margin={s.fp8_margin} has no effect on recipe={r.name} "
+                   "(TE applies the margin only in delayed scaling)")
+    if s.first_last_layers_bf16 and (
+        s.num_layers_at_start_in_bf16 + s.num_layers_at_end_in_bf16 == m.num_layers
+    ):
+        out.append(f"stability: all {m.num_layers} blocks are BF16, so recipe={r.name} quantizes nothing")
+    if r.name == "nvfp4" and not s.first_last_layers_bf16:
+        out.append("recipe=nvfp4 without stability.first_last_layers_bf16: the guide advises BF16 "
+                   "first/last layers for FP4 (NVFP4 diverges if every linear layer is FP4)")
+    if not s.fp8_wgrad and uses_te(cfg):
+        out.append("stability.fp8_wgrad=false on backend=te maps to TE's high-precision backward, which "
+                   "also keeps dgrad in high precision (recorded in run.json)")
+    return out
+
+
+def validate(cfg: Config, *, for_export: bool = False) -> list[str]:
+    """Raise ConfigError on the first problem; return (and emit) the warnings."""
+    errs = legality_errors(cfg)
+    if not for_export:
+        errs += support_errors(cfg)
+    if errs:
+        raise ConfigError(errs[0])
+    notes = recommendations(cfg)
+    for note in notes:
+        warnings.warn(note, ConfigWarning, stacklevel=2)
+    return notes

@@ -1,0 +1,128 @@
+"""Metric keys (defined once, used by name everywhere) and the processor that decides when to sync.
+
+The train step hands over device tensors; nothing here calls `.item()` except on log steps, so the
+measurement does not slow what it measures. Step times come from CUDA events on a GPU (read back
+only on log steps) and from perf_counter on a CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+
+LOSS_TRAIN = "loss/train"
+LOSS_EVAL = "loss/eval"
+LR = "optim/lr"
+GRAD_NORM = "optim/grad_norm"
+STEP_MS = "time/step_ms"
+TOKENS_PER_S = "throughput/tokens_per_s"
+TFLOPS = "throughput/tflops"
+MFU = "throughput/mfu"
+PEAK_MEM_GIB = "memory/peak_allocated_gib"
+NUMERICS = "numerics"  # telemetry keys: numerics/<layer>/<tensor>/<stat>
+STEP = "step"
+TOKENS = "tokens"
+
+ALL_KEYS = (LOSS_TRAIN, LOSS_EVAL, LR, GRAD_NORM, STEP_MS, TOKENS_PER_S, TFLOPS, MFU, PEAK_MEM_GIB)
+
+
+class StepTimer:
+    """Wall time of each step without host syncs in the timed region (events on CUDA)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pending: list[tuple[int, object, object]] = []
+        self.times_ms: dict[int, float] = {}
+        self._start = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self, step: int) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.pending.append((step, self._start, end))
+        else:
+            self.times_ms[step] = (time.perf_counter() - self._start) * 1e3
+
+    def collect(self) -> None:
+        """Read back finished CUDA events (call on log steps only: it synchronizes)."""
+        if self.pending:
+            self.pending[-1][2].synchronize()
+            for step, s, e in self.pending:
+                self.times_ms[step] = s.elapsed_time(e)
+            self.pending.clear()
+
+    def median_ms(self, after_step: int) -> float | None:
+        self.collect()
+        steady = [t for s, t in self.times_ms.items() if s >= after_step]
+        return statistics.median(steady) if steady else None
+
+
+class MetricsProcessor:
+    """Accumulates per-step tensors on device; emits one row per log step."""
+
+    def __init__(self, *, device: torch.device, tokens_per_step: int, flops_per_token: float,
+                 peak_tflops: float | None, log_interval: int):
+        self.device = device
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_tflops = peak_tflops
+        self.log_interval = max(1, log_interval)
+        self.timer = StepTimer(device)
+        self._losses: list[torch.Tensor] = []
+        self._last: dict = {}
+        self.first_loss: float | None = None
+
+    def should_log(self, step: int, last_step: int) -> bool:
+        return (step + 1) % self.log_interval == 0 or step == last_step or step == 0
+
+    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+        self._losses.append(loss.detach())
+        self._last = {"step": step, "grad_norm": grad_norm.detach(), "lr": lr}
+
+    def row(self, step: int) -> dict:
+        """Sync and build the logged row for `step` (mean train loss since the last row)."""
+        self.timer.collect()
+        loss = torch.stack(self._losses).float().mean().item() if self._losses else math.nan
+        self._losses.clear()
+        if self.first_loss is None:
+            self.first_loss = loss
+        ms = self.timer.times_ms.get(step)
+        row = {
+            STEP: step + 1,
+            TOKENS: (step + 1) * self.tokens_per_step,
+            LOSS_TRAIN: loss,
+            LR: self._last.get("lr"),
+            GRAD_NORM: float(self._last["grad_norm"].item()) if "grad_norm" in self._last else None,
+            STEP_MS: ms,
+        }
+        if ms:
+            tps = self.tokens_per_step / (ms / 1e3)
+            tflops = tps * self.flops_per_token / 1e12
+            row[TOKENS_PER_S] = tps
+            row[TFLOPS] = tflops
+            row[MFU] = tflops / self.peak_tflops if self.peak_tflops else None
+        if self.device.type == "cuda":
+            row[PEAK_MEM_GIB] = torch.cuda.max_memory_allocated() / 2**30
+        return row
+
+
+def divergence(row: dict, first_loss: float | None) -> str | None:
+    """Cause if the run diverged at this row: non-finite loss/grad, or loss far above its start."""
+    loss, gn = row.get(LOSS_TRAIN), row.get(GRAD_NORM)
+    if loss is None or not math.isfinite(loss):
+        return f"non-finite train loss ({loss})"
+    if gn is not None and not math.isfinite(gn):
+        return f"non-finite gradient norm ({gn})"
+    if first_loss is not None and math.isfinite(first_loss) and loss > 2.0 * first_loss + 1.0:
+        return f"loss spike: {loss:.3f} vs {first_loss:.3f} at the first logged step"
+    return None
