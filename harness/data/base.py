@@ -90,6 +90,9 @@ class TokenData:
         if micro_batch_size < 1:
             raise config_error(f"micro_batch_size={micro_batch_size}", "must be >= 1", "set it >= 1")
         assert start >= 0, start
+        return self._train_stream(micro_batch_size, seed, start)
+
+    def _train_stream(self, micro_batch_size: int, seed: int, start: int) -> Iterator[Batch]:
         block, offset = divmod(start, BLOCK)
         while True:
             gen = seeded_generator("train", self._stream_key(), seed, block)

@@ -124,12 +124,15 @@ def build_memmap(cfg: DataConfig, vocab_size: int, seq_length: int) -> StreamDat
     if eval_path is None and os.path.isdir(path) and os.path.isfile(os.path.join(path, "val.bin")):
         eval_path = os.path.join(path, "val.bin")
     if eval_path is not None:
-        train, eval = tokens, open_tokens(eval_path, dtype, "data.eval_path")
+        train, eval = (
+            tokens,
+            open_tokens(eval_path, dtype, "data.eval_path" if cfg.eval_path else "data.path"),
+        )
         eval_source = eval_path
     else:
         train, eval = split_stream(tokens, cfg.eval_fraction)
         eval = eval if cfg.eval_fraction > 0 else None
-        eval_source = f"last {cfg.eval_fraction} of {train_path}"
+        eval_source = f"last {cfg.eval_fraction} of {train_path}" if eval is not None else None
     digests = [file_fingerprint(train_path)] + ([file_fingerprint(eval_path)] if eval_path else [])
     facts = {"path": train_path, "eval_split": eval_source, "token_dtype": cfg.token_dtype}
     return _stream_data(cfg, "memmap", seq_length, train, eval, f"data.path={cfg.path}", digests, facts)
