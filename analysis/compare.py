@@ -279,7 +279,7 @@ def _mean(xs: list[float | None]) -> float | None:
     return float(np.mean(xs)) if xs else None
 
 
-def _band_edges(band: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def band_edges(band: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The wider of min/max and mean +- 2 sigma, as offsets from the mean."""
     lo = np.fmin(band["min"] - band["mean"], -2 * band["std"])
     hi = np.fmax(band["max"] - band["mean"], 2 * band["std"])
@@ -305,7 +305,7 @@ def compare_run(run: Run, base: Baseline, window: float, budget: int | None) -> 
         res.gap_vs_mean = run_g - band["mean"]
         res.gap_curve = run_g - base.stack[j] if j is not None else res.gap_vs_mean
         late = (base.grid >= EARLY_FRAC * (budget or base.grid[-1])) & np.isfinite(res.gap_vs_mean)
-        lo, hi = _band_edges(band)
+        lo, hi = band_edges(band)
         if late.any() and np.isfinite(band["std"][late]).any():
             out = (res.gap_vs_mean[late] < lo[late]) | (res.gap_vs_mean[late] > hi[late])
             res.frac_outside_band = float(out.mean())

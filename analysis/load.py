@@ -287,21 +287,27 @@ def _sorted_by_step(cols: dict[str, np.ndarray], what: str, issues: list[str]) -
 
 def read_metrics(path: Path, issues: list[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(train columns, eval columns) of a metrics.jsonl; `numerics/...` keys are not kept."""
-    rows = parse_jsonl(path, issues)
-    ok = [
-        r
-        for r in rows
-        if isinstance(r.get(K.STEP), (int, float)) and isinstance(r.get(K.TOKENS), (int, float))
-    ]
+    return rows_to_columns(parse_jsonl(path, issues), path.name, issues)
+
+
+def rows_to_columns(
+    rows: list[dict[str, Any]], what: str, issues: list[str]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Split logged rows into train and eval columns, sorted by step (the last row wins a repeated step)."""
+    ok = [r for r in rows if _is_number(r.get(K.STEP)) and _is_number(r.get(K.TOKENS))]
     if len(ok) != len(rows):
-        issues.append(f"{path.name}: skipped {len(rows) - len(ok)} row(s) without numeric step and tokens")
+        issues.append(f"{what}: skipped {len(rows) - len(ok)} row(s) without numeric step and tokens")
     ev_rows = [r for r in ok if K.LOSS_EVAL in r]
     tr_rows = [r for r in ok if K.LOSS_TRAIN in r or K.LOSS_EVAL not in r]
     tr_keys = set().union(*map(dict.keys, tr_rows)) if tr_rows else {K.STEP, K.TOKENS}
     tr_keys = sorted(k for k in tr_keys if not k.startswith(K.NUMERICS_PREFIX) and k != K.LOSS_EVAL)
-    train = _sorted_by_step(_columns(tr_rows, tr_keys), path.name, issues)
-    ev = _sorted_by_step(_columns(ev_rows, [K.STEP, K.TOKENS, K.LOSS_EVAL]), f"{path.name} (eval)", issues)
+    train = _sorted_by_step(_columns(tr_rows, tr_keys), what, issues)
+    ev = _sorted_by_step(_columns(ev_rows, [K.STEP, K.TOKENS, K.LOSS_EVAL]), f"{what} (eval)", issues)
     return train, ev
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def read_run_dir(path: str | os.PathLike, name: str | None = None) -> Run:
