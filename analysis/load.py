@@ -293,21 +293,26 @@ def read_metrics(path: Path, issues: list[str]) -> tuple[dict[str, np.ndarray], 
 def rows_to_columns(
     rows: list[dict[str, Any]], what: str, issues: list[str]
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Split logged rows into train and eval columns, sorted by step (the last row wins a repeated step)."""
-    ok = [r for r in rows if _is_number(r.get(K.STEP)) and _is_number(r.get(K.TOKENS))]
-    if len(ok) != len(rows):
-        issues.append(f"{what}: skipped {len(rows) - len(ok)} row(s) without numeric step and tokens")
-    ev_rows = [r for r in ok if K.LOSS_EVAL in r]
-    tr_rows = [r for r in ok if K.LOSS_TRAIN in r or K.LOSS_EVAL not in r]
-    tr_keys = set().union(*map(dict.keys, tr_rows)) if tr_rows else {K.STEP, K.TOKENS}
-    tr_keys = sorted(k for k in tr_keys if not k.startswith(K.NUMERICS_PREFIX) and k != K.LOSS_EVAL)
-    train = _sorted_by_step(_columns(tr_rows, tr_keys), what, issues)
-    ev = _sorted_by_step(_columns(ev_rows, [K.STEP, K.TOKENS, K.LOSS_EVAL]), f"{what} (eval)", issues)
-    return train, ev
+    """Split logged rows into train and eval columns, sorted by step (the last row wins a repeated step).
 
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    Eval rows are those with `loss/eval`; a row with `loss/train` too is in both. Rows without a
+    numeric step and tokens are skipped (they cannot be placed on the x-axis).
+    """
+    keys = set().union(*map(dict.keys, rows)) if rows else set()
+    keys = sorted(k for k in keys | {K.STEP, K.TOKENS} if not k.startswith(K.NUMERICS_PREFIX))
+    cols = _columns(rows, keys)
+    ok = np.isfinite(cols[K.STEP]) & np.isfinite(cols[K.TOKENS])
+    if not ok.all():
+        issues.append(f"{what}: skipped {int((~ok).sum())} row(s) without numeric step and tokens")
+    has_eval = np.isfinite(cols[K.LOSS_EVAL]) if K.LOSS_EVAL in cols else np.zeros(len(rows), bool)
+    has_train = np.array([K.LOSS_TRAIN in r for r in rows], dtype=bool)
+    is_eval = np.array([K.LOSS_EVAL in r for r in rows], dtype=bool)
+    tr, ev = ok & (has_train | ~is_eval), ok & is_eval & has_eval
+    train = {k: v[tr] for k, v in cols.items() if k != K.LOSS_EVAL}
+    ev_cols = {
+        k: cols[k][ev] if k in cols else np.zeros(int(ev.sum())) for k in (K.STEP, K.TOKENS, K.LOSS_EVAL)
+    }
+    return _sorted_by_step(train, what, issues), _sorted_by_step(ev_cols, f"{what} (eval)", issues)
 
 
 def read_run_dir(path: str | os.PathLike, name: str | None = None) -> Run:

@@ -39,7 +39,11 @@ def _label(arm: Arm) -> str:
 
 
 def _note(fig: Figure, text: str) -> Figure:
-    fig.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=10)
+    """A figure that says why there is nothing to plot (an axes, so notebooks render it too)."""
+    ax = fig.axes[0] if fig.axes else fig.add_subplot()
+    ax.clear()
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=10, transform=ax.transAxes)
     return fig
 
 
