@@ -275,14 +275,31 @@ def _columns(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, np.ndarra
 
 
 def _sorted_by_step(cols: dict[str, np.ndarray], what: str, issues: list[str]) -> dict[str, np.ndarray]:
+    """Sort by step and merge rows of the same step: per key, the last non-NaN value wins.
+
+    Repeated steps come from a resumed run (the later row counts) or from rows that carry only some
+    keys of a step (e.g. telemetry summaries logged apart from the losses).
+    """
     step = cols[K.STEP]
     if len(step) < 2 or np.all(np.diff(step) > 0):
         return cols
-    # Repeated steps come from a resumed run: the later row is the one that counts.
-    _, first_in_reversed = np.unique(step[::-1], return_index=True)
-    keep = len(step) - 1 - first_in_reversed
-    issues.append(f"{what}: {len(step) - len(keep)} repeated or out-of-order row(s); kept the last per step")
-    return {k: v[keep] for k, v in cols.items()}
+    order = np.argsort(step, kind="stable")
+    starts = np.flatnonzero(np.diff(step[order], prepend=-np.inf) != 0)
+    idx = np.arange(len(step))
+    out = {}
+    clashes = 0
+    for k, v in cols.items():
+        v = v[order]
+        finite = np.isfinite(v)
+        last = np.maximum.reduceat(np.where(finite, idx, -1), starts)
+        out[k] = np.where(last >= 0, v[np.maximum(last, 0)], np.nan)
+        if k in (K.LOSS_TRAIN, K.LOSS_EVAL):
+            clashes += int((np.add.reduceat(finite.astype(int), starts) > 1).sum())
+    if clashes:
+        issues.append(
+            f"{what}: {clashes} step(s) logged more than once (resumed run?); kept the later values"
+        )
+    return out
 
 
 def read_metrics(path: Path, issues: list[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -97,7 +97,13 @@ def write_run(
     }  # fmt: skip
     wandb = None
     if wandb_run_id:
-        wandb = {"run_id": wandb_run_id, "project": "lowp", "group": "fixture", "mode": "offline", "dir": None}
+        wandb = {
+            "run_id": wandb_run_id,
+            "project": "lowp",
+            "group": "fixture",
+            "mode": "offline",
+            "dir": None,
+        }
     (d / "run.json").write_text(json.dumps({"config": config, "provenance": provenance, "wandb": wandb}))
     lines = []
     for s, v in zip(step.tolist(), loss.tolist(), strict=True):
@@ -119,13 +125,17 @@ def write_run(
             for s in range(50, last + 1, 50):
                 for i, layer in enumerate(LAYERS):
                     for j, tensor in enumerate(("input", "weight", "grad")):
-                        under = 0.001 * (i + 1) * (3 if tensor == "grad" else 1) * (5 if recipe == "nvfp4" else 1)
+                        under = (
+                            0.001 * (i + 1) * (3 if tensor == "grad" else 1) * (5 if recipe == "nvfp4" else 1)
+                        )
                         f.write(json.dumps({
                             "step": s, "layer": layer, "tensor": tensor, "amax": 1.0 + j, "scale": 448.0,
                             "underflow": under, "saturation": 0.0001 * j, "sqnr_db": 30.0 - i,
                         }) + "\n")  # fmt: skip
     if summary:
-        evals = [v + 0.05 for s, v in zip(step, loss, strict=True) if s % eval_interval == 0 and np.isfinite(v)]
+        evals = [
+            v + 0.05 for s, v in zip(step, loss, strict=True) if s % eval_interval == 0 and np.isfinite(v)
+        ]
         finite = loss[np.isfinite(loss)]
         summ: dict[str, Any] = {
             "status": status, "recipe": recipe, "variant": f"{stability}+{optimizer}", "backend": backend,
@@ -173,3 +183,17 @@ SWEEP_SOURCES: dict[str, Callable[[Path], Path]] = {"synthetic": make_synthetic_
 def sweep_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A sweep directory per source in SWEEP_SOURCES (two BF16 seeds and two or more recipes)."""
     return SWEEP_SOURCES[request.param](tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture
+def run_writer() -> Callable[..., Path]:
+    """`write_run(root, name, **kw)`, for tests that build their own edge cases."""
+    return write_run
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Analysis never talks to a W&B server; tests that make offline runs must not either."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
