@@ -28,7 +28,7 @@ from harness import metrics as M
 from harness.artifacts import RunWriter, Summary, provenance, save_checkpoint
 from harness.backends import build_backend
 from harness.config.schema import Config
-from harness.config.store import register
+from harness.config.store import CONF_DIR, register
 from harness.config.validate import ConfigError, ConfigWarning, validate
 from harness.data import build_data
 from harness.hardware import device_for, resolve_hardware
@@ -289,7 +289,7 @@ def _concise_warnings() -> None:
 register()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(dcfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 

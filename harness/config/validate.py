@@ -278,7 +278,7 @@ def recommendations(cfg: Config) -> list[str]:
     if s.fp8_margin and r.name not in ("delayed", "custom"):
         out.append(f"stability.fp8_margin={s.fp8_margin} has no effect on recipe={r.name} "
                    "(TE applies the margin only in delayed scaling)")
-    if s.first_last_layers_bf16 and (
+    if s.first_last_layers_bf16 and r.name != "bf16" and (
         s.num_layers_at_start_in_bf16 + s.num_layers_at_end_in_bf16 == m.num_layers
     ):
         out.append(f"stability: all {m.num_layers} blocks are BF16, so recipe={r.name} quantizes nothing")

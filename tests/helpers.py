@@ -1,0 +1,36 @@
+"""Test helpers shared by the test modules (compose like the entry point does, run the CLI)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+# keep CPU runs reproducible and polite on a 2-core CI box
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def compose_cfg(*overrides: str):
+    """The typed Config for these overrides (hardware=auto resolves to this machine)."""
+    from harness.config.store import compose
+
+    return OmegaConf.to_object(compose(list(overrides)))
+
+
+TINY = ["model=gpt_tiny", "steps=12", "log_interval=4", "eval_interval=6", "eval_tokens=2048",
+        "logger=none", "micro_batch_size=4", "global_batch_size=4", "data.num_tokens=200000"]
+
+
+def run_cli(args: list[str], cwd: Path = REPO, timeout: int = 300, env: dict | None = None):
+    import subprocess
+
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", **(env or {})}
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=full_env)
