@@ -1,0 +1,109 @@
+"""The report CLI (`python -m analysis.report`), its files and the figures in them."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis import report
+from analysis.compare import COLUMNS
+
+REPO = Path(report.__file__).parents[1]
+
+
+@pytest.fixture(scope="session")
+def report_run(sweep_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
+    """(exit code, stdout, out dir) of one full report (figures included) per sweep source."""
+    out = tmp_path_factory.mktemp("report")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = report.main([str(sweep_dir), "--out", str(out)])
+    return rc, buf.getvalue(), out
+
+
+def test_report_writes_every_file_and_ends_with_its_path(report_run) -> None:
+    rc, stdout, out = report_run
+    assert rc == 0
+    for name in ("comparison.csv", "runs.csv", "report.md", "report.html"):
+        assert (out / name).stat().st_size > 0, name
+    assert stdout.rstrip().splitlines()[-1] == f"report: {(out / 'report.html').resolve()}"
+    assert "gap vs BF16" in stdout and "n/a (emulated)" in stdout
+
+
+def test_comparison_csv_has_every_column_and_every_arm(report_run, sweep_dir: Path) -> None:
+    _, _, out = report_run
+    with open(out / "comparison.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(COLUMNS)
+    assert {r["recipe"] for r in rows} >= {"bf16"} and len({r["recipe"] for r in rows}) >= 3
+    assert all(r["obtained"].startswith("backend=") for r in rows)
+    with open(out / "runs.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(list(sweep_dir.rglob("run.json")))
+
+
+def test_figures_are_png_and_svg(report_run) -> None:
+    _, _, out = report_run
+    pngs = sorted((out / "plots").glob("*.png"))
+    kinds = {p.stem.rsplit("_", 1)[-1] for p in pngs}
+    assert {"loss", "gap", "memory", "pareto"} <= kinds
+    assert any("_numerics_" in p.name for p in pngs)
+    for p in pngs:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert p.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_html_is_self_contained(report_run) -> None:
+    _, _, out = report_run
+    html = (out / "report.html").read_text()
+    n_png = len(list((out / "plots").glob("*.png")))
+    assert html.count("src='data:image/png;base64,") == n_png
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    assert "How every number was obtained" in html
+
+
+def test_markdown_states_how_numbers_were_obtained(report_run) -> None:
+    _, _, out = report_run
+    md = (out / "report.md").read_text()
+    assert "## How every number was obtained" in md and "trailing mean" in md
+    assert "| recipe |" in md and "backend=" in md and "seeds=" in md and "steps=" in md
+    assert "](plots/" in md
+
+
+def test_missing_baseline_and_warnings_reach_the_report(tmp_path: Path, run_writer, capsys) -> None:
+    run_writer(tmp_path / "sweep", "0_tensorwise_s0", recipe="tensorwise", corrupt=True)
+    run_writer(tmp_path / "sweep", "1_nvfp4_s0", recipe="nvfp4", summary=False)
+    rc = report.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out"), "--no-plots"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "warning: run 0_tensorwise_s0: metrics.jsonl: skipped 2 unparseable line(s)" in captured.err
+    assert "(baseline: NONE)" in captured.out and "no baseline" in captured.out
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Baseline: MISSING" in md and "1_nvfp4_s0: no summary.json" in md
+
+
+def test_cli_errors(tmp_path: Path, capsys) -> None:
+    assert report.main([str(tmp_path / "nope")]) == 2
+    assert report.main([str(tmp_path)]) == 1
+    assert "no run directories" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point(tmp_path: Path, run_writer) -> None:
+    run_writer(tmp_path / "s", "0_bf16_s0")
+    cmd = [
+        sys.executable,
+        "-m",
+        "analysis.report",
+        str(tmp_path / "s"),
+        "--out",
+        str(tmp_path / "o"),
+        "--no-plots",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.rstrip().endswith("report.html")
+    assert "RuntimeWarning" not in out.stderr
