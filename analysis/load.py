@@ -384,8 +384,10 @@ def load_runs(paths: list[str | os.PathLike] | str | os.PathLike, *, workers: in
 
         for f in wandb_files:
             run = read_offline_run(f, name=_run_name(f.parent, roots))
-            if run.wandb and run.wandb.get("run_id") in known_ids:
-                continue  # the same run, already read from its run directory
+            rid = (run.wandb or {}).get("run_id")
+            if rid and rid in known_ids:
+                continue  # the same run, read from its run directory or another copy (latest-run)
+            known_ids.add(rid)
             runs.append(run)
     runs.sort(key=lambda r: r.name)
     for r in runs:

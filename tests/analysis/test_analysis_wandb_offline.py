@@ -1,0 +1,124 @@
+"""Runs read back from real W&B offline run directories (`wandb.init(mode="offline")`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis import keys as K
+from analysis.compare import compare
+from analysis.load import RunWarning, load_runs
+from analysis.wandb_offline import find_offline_runs, iter_records, read_offline_run
+
+TOKENS_PER_STEP = 512
+
+
+def _log_run(root: Path, recipe: str, seed: int, offset: float, with_summary: bool) -> str:
+    import wandb
+
+    config = {
+        "recipe": {"name": recipe}, "stability": {"name": "none"}, "optimizer": {"name": "adamw_fp32"},
+        "hardware": {"name": "cpu"}, "model": {"name": "gpt_tiny", "seq_length": 64},
+        "data": {"name": "markov"}, "backend": {"name": "emulated"}, "seed": seed, "steps": 100,
+        "global_batch_size": 8,
+        "provenance": {"backend": "emulated", "hardware": "cpu", "seed": seed},
+    }  # fmt: skip
+    with wandb.init(
+        mode="offline", dir=root, project="lowp", group="sweep-1", job_type=recipe, config=config
+    ) as run:
+        for step in range(10, 101, 10):
+            loss = 5.0 - 0.01 * step + offset
+            row = {"step": step, "tokens": step * TOKENS_PER_STEP, "loss/train": loss, "time/step_ms": 50.0}
+            if step % 50 == 0:
+                row["loss/eval"] = loss + 0.1
+            run.log(row, step=step)
+        if with_summary:
+            run.summary.update({"status": "completed", "recipe": recipe, "seed": seed, "tokens": 100 * 512})
+        return run.id
+
+
+@pytest.fixture(scope="module")
+def wandb_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    pytest.importorskip("wandb")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("WANDB_MODE", "offline")
+    mp.setenv("WANDB_SILENT", "true")
+    mp.setenv("WANDB_DISABLE_GIT", "true")
+    root = tmp_path_factory.mktemp("wandb_runs")
+    try:
+        ids = {
+            "bf16": _log_run(root, "bf16", 0, 0.0, with_summary=True),
+            "tensorwise": _log_run(root, "tensorwise", 0, 0.02, with_summary=False),
+        }
+    finally:
+        mp.undo()
+    return root, ids
+
+
+def test_offline_runs_are_read_back(wandb_root) -> None:
+    root, ids = wandb_root
+    files = find_offline_runs(root)
+    assert len(files) == 2
+    runs = {r.recipe: r for r in load_runs(root)}
+    assert set(runs) == {"bf16", "tensorwise"}
+    bf16, tw = runs["bf16"], runs["tensorwise"]
+    assert bf16.source == "wandb_offline" and bf16.wandb["run_id"] == ids["bf16"]
+    assert bf16.wandb["group"] == "sweep-1" and bf16.wandb["job_type"] == "bf16"
+    assert bf16.status == K.COMPLETED and tw.status == K.COMPLETED  # tw: from its exit code
+    assert bf16.backend == "emulated" and bf16.hardware == "cpu" and bf16.seed == 0
+    np.testing.assert_allclose(tw.train[K.TOKENS], np.arange(10, 101, 10) * TOKENS_PER_STEP)
+    np.testing.assert_allclose(tw.train[K.LOSS_TRAIN], 5.0 - 0.01 * np.arange(10, 101, 10) + 0.02)
+    np.testing.assert_allclose(tw.eval[K.LOSS_EVAL], [4.62, 4.12])
+    assert bf16.token_budget == tw.token_budget == 100 * TOKENS_PER_STEP
+
+
+def test_offline_runs_compare_like_run_dirs(wandb_root) -> None:
+    root, _ = wandb_root
+    c = compare(load_runs(root), smooth_frac=1e-9)
+    (row,) = [r for r in c.rows if r["recipe"] == "tensorwise"]
+    assert row["pairing"] == "paired by seed"
+    assert row["eval_gap_abs"] == pytest.approx(0.02)
+    assert row["speed_note"] == "n/a (emulated)"
+
+
+def test_run_dir_and_its_offline_run_are_one_run(wandb_root, tmp_path: Path, run_writer) -> None:
+    root, ids = wandb_root
+    shutil.copytree(root / "wandb", tmp_path / "wandb")
+    run_writer(tmp_path / "multirun", "0_bf16_s0", wandb_run_id=ids["bf16"])
+    runs = load_runs(tmp_path)
+    assert sorted((r.recipe, r.source) for r in runs) == [
+        ("bf16", "run_dir"),
+        ("tensorwise", "wandb_offline"),
+    ]
+
+
+def test_torn_wandb_file_reads_up_to_the_tear(wandb_root, tmp_path: Path) -> None:
+    root, ids = wandb_root
+    (src,) = [f for f in find_offline_runs(root) if ids["tensorwise"] in f.name]
+    torn = tmp_path / "offline-run-x" / src.name
+    torn.parent.mkdir()
+    data = src.read_bytes()
+    torn.write_bytes(data[: len(data) * 2 // 3])
+    issues: list[str] = []
+    assert sum(1 for _ in iter_records(torn, issues)) > 3
+    assert issues and "torn" in issues[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RunWarning)
+        runs = load_runs(tmp_path)
+    messages = [str(w.message) for w in caught]
+    assert any("torn record" in m for m in messages) and any("no exit record" in m for m in messages)
+    (run,) = runs
+    assert 0 < len(run.train[K.LOSS_TRAIN]) <= 10
+    assert run.status == K.INCOMPLETE  # no exit record survived
+
+
+def test_not_a_wandb_file(tmp_path: Path) -> None:
+    f = tmp_path / "run-abc.wandb"
+    f.write_bytes(json.dumps({"x": 1}).encode())
+    run = read_offline_run(f)
+    assert "not a W&B transaction log" in run.issues[0]
