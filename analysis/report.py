@@ -219,6 +219,31 @@ def _method_items(smooth_frac: float) -> list[str]:
     ]
 
 
+def headline(row: dict[str, Any]) -> str:
+    """One sentence per arm: what it costs in loss and what it buys in speed and memory."""
+    who = f"{row['recipe']} [{row['variant']}] ({row['backend']}, seeds {row['seeds']})"
+    if not str(row.get("baseline", "")).startswith("bf16"):
+        return f"{who}: no BF16 baseline in its group, not compared."
+    parts = []
+    if row.get("gap_rel") is not None:
+        metric = "eval" if row.get("gap_metric") == K.LOSS_EVAL else "smoothed train"
+        parts.append(
+            f"{fmt_pct(row['gap_rel'])} final {metric} loss ({row.get('leaves_band')} the BF16 seed band)"
+        )
+    else:
+        parts.append("no final loss gap (no completed run)")
+    if row.get("divergence"):
+        parts.append(row["divergence"])
+    if row.get("throughput_ratio") is not None:
+        parts.append(
+            f"{fmt_ratio(row['throughput_ratio'])} throughput, {fmt_ratio(row.get('memory_ratio'))} memory"
+        )
+        parts.append(f"{fmt_ratio(row.get('speedup_equal_quality'))} at equal loss")
+    else:
+        parts.append(f"speed {row.get('speed_note') or 'n/a'}")
+    return f"{who}: " + "; ".join(parts) + "."
+
+
 def build_blocks(
     comparison: Comparison, figures: dict[str, list[tuple[str, Path, str]]], inputs: list[str]
 ) -> list[Block]:
@@ -231,6 +256,17 @@ def build_blocks(
             f"{len(runs)} runs ({n_inc} incomplete) in {len(comparison.groups)} group(s), read from "
             f"{', '.join(inputs)} on {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}.",
         ),
+        Block("h2", "At a glance"),
+        Block(
+            "ul",
+            [
+                f"{g.key.hardware}/{g.key.model}: {headline(a.row)}"
+                for g in comparison.groups
+                for a in g.arms
+                if a.role != "baseline"
+            ]
+            or ["no low-precision runs"],
+        ),  # fmt: skip
         Block("h2", "How every number was obtained"),
         Block("ul", _method_items(comparison.smooth_frac)),
         Block("h2", "Warnings"),
