@@ -97,8 +97,8 @@ def display_row(row: dict[str, Any]) -> dict[str, str]:
         anchor += f" ({row['public_anchor'].split(':')[0]})"
     to_target = "—"
     if row.get("reached_target"):
-        n, total = row["reached_target"].split("/")
-        to_target = "not reached" if n == "0" else fmt_tokens(row.get("tokens_to_target"))
+        reached = row["reached_target"].split("/")[0]
+        to_target = "not reached" if reached == "0" else fmt_tokens(row.get("tokens_to_target"))
         to_target += f" ({row['reached_target']} seeds)"
         if _num(row.get("wall_to_target_s")):
             to_target += f", {row['wall_to_target_s']:.1f} s"
@@ -227,9 +227,11 @@ def headline(row: dict[str, Any]) -> str:
     parts = []
     if row.get("gap_rel") is not None:
         metric = "eval" if row.get("gap_metric") == K.LOSS_EVAL else "smoothed train"
-        parts.append(
-            f"{fmt_pct(row['gap_rel'])} final {metric} loss ({row.get('leaves_band')} the BF16 seed band)"
+        lb = row.get("leaves_band")
+        band = (
+            f"{lb} the BF16 seed band" if lb in ("above", "below", "inside") else f"BF16 band {lb or 'n/a'}"
         )
+        parts.append(f"{fmt_pct(row['gap_rel'])} final {metric} loss ({band})")
     else:
         parts.append("no final loss gap (no completed run)")
     if row.get("divergence"):
