@@ -4,6 +4,11 @@ BF16 semantics without torch.autocast: GEMM operands are rounded to bf16, produc
 fp32 and the output is rounded to bf16 -- what a bf16 tensor-core GEMM does. On a CPU without bf16
 units the GEMM itself runs in fp32 (about 7x faster there than torch's bf16 matmul, same numbers up
 to accumulation order); on CUDA it is a native bf16 GEMM.
+
+Quantized recipes swap in `harness.numerics.QuantizedLinear` (the emulated TE Linear) for the
+block linears the precision plan assigns them; INT4 QAT fake-quantizes those weights and keeps
+BF16 compute. `autocast()` is the emulator's one precision context: like `te.autocast` it drives
+delayed scaling's update timing.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import torch.nn.functional as F
 
 from harness.backends.base import Backend
 from harness.model import GPT
+from harness.numerics import NumericsContext, QuantizedLinear
+from harness.numerics.int4 import fake_int4
 
 BF16 = torch.bfloat16
 
@@ -27,6 +34,21 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return F.linear(x.to(BF16), weight.to(BF16), b)
     y = F.linear(x.to(BF16).float(), weight.to(BF16).float(), b.float() if b is not None else None)
     return y.to(BF16)
+
+
+class Int4QAT:
+    """miles' INT4 fake QAT on the weight (straight-through), then the BF16 GEMM."""
+
+    def __init__(self, group_size: int):
+        self.group_size = group_size
+        self.calls = 0
+
+    def linear(self, x, weight, bias):
+        self.calls += 1
+        return bf16_linear(x, fake_int4(weight.to(BF16), self.group_size), bias)
+
+    def __repr__(self) -> str:
+        return f"int4_qat(group={self.group_size}, ste, bf16 gemm)"
 
 
 class EmulatedLinear(nn.Module):
@@ -51,23 +73,48 @@ class EmulatedLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}, numerics={q}"
 
 
+def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "gelu":
+        return F.gelu(x, approximate="tanh")
+    gate, value = x.chunk(2, dim=-1)
+    return F.silu(gate) * value
+
+
+class _FP8StoredActivation(torch.autograd.Function):
+    """Megatron's activation_func_fp8_input_store: the input is saved for backward as an
+    *unscaled* `x.to(float8_e4m3fn)` (|x| > 448 saturates, |x| <= 2^-10 flushes) and cast back."""
+
+    @staticmethod
+    def forward(ctx, x, kind):
+        ctx.save_for_backward(x.detach().to(torch.float8_e4m3fn))
+        ctx.kind, ctx.dtype = kind, x.dtype
+        return _act(x, kind)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (stored,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = stored.to(ctx.dtype).requires_grad_(True)
+            (dx,) = torch.autograd.grad(_act(x, ctx.kind), x, dy)
+        return dx, None
+
+
 class Activation(nn.Module):
     """GELU (tanh approximation, as TE's) or SwiGLU on the fused fc1 output."""
 
-    def __init__(self, name: str, kind: str):
+    def __init__(self, name: str, kind: str, fp8_input_store: bool = False):
         super().__init__()
         if kind not in ("gelu", "swiglu"):
             raise ValueError(f"model.activation={kind}: use gelu or swiglu")
-        self.name, self.kind = name, kind
+        self.name, self.kind, self.fp8_input_store = name, kind, fp8_input_store
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "gelu":
-            return F.gelu(x, approximate="tanh")
-        gate, value = x.chunk(2, dim=-1)
-        return F.silu(gate) * value
+        if self.fp8_input_store and torch.is_grad_enabled() and x.requires_grad:
+            return _FP8StoredActivation.apply(x, self.kind)
+        return _act(x, self.kind)
 
     def extra_repr(self) -> str:
-        return self.kind
+        return self.kind + (", fp8_input_store" if self.fp8_input_store else "")
 
 
 class EmulatedOps:
@@ -75,24 +122,61 @@ class EmulatedOps:
         self.backend = backend
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
+        self.backend.linear_names.append(name)
         recipe = self.backend.plan.recipe_for(name)
-        if recipe is not None:
-            raise ValueError(
-                f"recipe={recipe.name} with backend=emulated: not supported yet "
-                "(the emulated quantizers land with the emulator issue); use recipe=bf16"
-            )
-        return EmulatedLinear(name, in_features, out_features, bias)
+        quant = None if recipe is None else self.backend.make_numerics(name, recipe)
+        return EmulatedLinear(name, in_features, out_features, bias, quant)
 
     def activation(self, name: str, kind: str) -> nn.Module:
-        return Activation(name, kind)
+        return Activation(name, kind, self.backend.cfg.optimizer.activation_func_fp8_input_store)
 
 
 class EmulatedBackend(Backend):
     name = "emulated"
 
+    def __init__(self, cfg, device: torch.device):
+        super().__init__(cfg, device)
+        self.numerics = NumericsContext(device, seed=cfg.seed)
+        self.linear_names: list[str] = []
+        self.modules: dict[str, QuantizedLinear | Int4QAT] = {}
+
+    def make_numerics(self, name: str, recipe) -> QuantizedLinear | Int4QAT:
+        if recipe.name == "int4_qat":
+            quant = Int4QAT(recipe.int4_group_size)
+        else:
+            stab = self.cfg.stability
+            quant = QuantizedLinear(
+                name, recipe, self.numerics, fp8_wgrad=stab.fp8_wgrad, margin=stab.fp8_margin
+            )
+        self.modules[name] = quant
+        return quant
+
     def build_model(self) -> nn.Module:
         return GPT(self.cfg.model, EmulatedOps(self)).to(self.device)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        # bf16 rounding lives in the GEMMs themselves (bf16_linear), so no torch.autocast is needed
-        return contextlib.nullcontext()
+        # bf16 rounding lives in the GEMMs themselves (bf16_linear); this context only times
+        # delayed-scaling updates, a counter and a flag when nothing uses them
+        return self.numerics.autocast()
+
+    def collect_telemetry(self) -> contextlib.AbstractContextManager[list[dict]]:
+        """`with backend.collect_telemetry() as rows:` one row per quantized operand and pass."""
+        return self.numerics.telemetry.collect()
+
+    def describe(self) -> dict:
+        out = super().describe()
+        out["quantized_modules"] = self.plan.quantized_modules(self.linear_names)
+        out["numerics"] = {name: repr(q) for name, q in self.modules.items()}
+        return out
+
+    def verify_active(self, model: nn.Module, step: int) -> None:
+        """Raise if a module the plan quantizes never ran its quantized path."""
+        idle = [name for name, q in self.modules.items() if q.calls == 0]
+        if step > 0 and idle:
+            raise RuntimeError(f"recipe {self.cfg.recipe.name}: quantized modules never ran: {idle}")
+
+    def state_dict(self) -> dict:
+        return self.numerics.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.numerics.load_state_dict(state)

@@ -1,0 +1,181 @@
+"""Element formats as pure functions: FP8 (E4M3, E5M2), E8M0, E2M1 (FP4) and symmetric INT4.
+
+Every function takes and returns torch tensors and works on any device. Rounding rules are TE's
+(numerics.md section 0): saturating round-to-nearest-even casts, E8M0 rounding *up*, an E2M1 grid
+with RNE on the code's parity. torch's own float->float8_e8m0fnu cast rounds differently and its
+CPU float->float8_e5m2 cast does not saturate, so neither is used for encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+@dataclass(frozen=True)
+class FP8Format:
+    name: str
+    dtype: torch.dtype
+    max: float
+
+    def __repr__(self) -> str:
+        return self.name.upper()
+
+
+E4M3 = FP8Format("e4m3", torch.float8_e4m3fn, 448.0)
+E5M2 = FP8Format("e5m2", torch.float8_e5m2, 57344.0)
+FP8_FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
+
+
+def cast_fp8(v: torch.Tensor, fmt: FP8Format) -> torch.Tensor:
+    """fp32 -> FP8 with RNE and saturation to +-max (Inf too); NaN stays NaN (cvt.rn.satfinite)."""
+    # torch's CPU E4M3 cast already saturates; its E5M2 cast (and CUDA casts, unchecked) may not
+    if fmt is E5M2 or v.device.type != "cpu":
+        v = v.clamp(-fmt.max, fmt.max)
+    return v.to(fmt.dtype)
+
+
+def fp8_to_float(q: torch.Tensor, has_nan: bool = True) -> torch.Tensor:
+    """FP8 codes (a float8 tensor) -> fp32 values.
+
+    torch's E4M3->fp32 conversion is slow on CPU (about 5x a pointwise op). Without NaN codes an
+    E4M3 byte shifted left by 7 is the fp16 bit pattern of value/256 (normals and subnormals
+    alike), and fp16->fp32 is fast; callers pass has_nan=False when the input held no NaN.
+    """
+    if q.dtype != torch.float8_e4m3fn or has_nan or q.device.type != "cpu":
+        return q.float()
+    bits = q.view(torch.int8).to(torch.int16)  # sign-extended: bit 14 gets a copy of the sign
+    bits = (bits << 7).bitwise_and_(-16385)  # clear bit 14 (0xBFFF): sign at 15, exp/mantissa below
+    return bits.view(torch.float16).float().mul_(256.0)
+
+
+def fp8_max(fmt: FP8Format) -> float:
+    return fmt.max
+
+
+# ----------------------------------------------------------------------------------------------
+# E8M0 (MXFP8 block scales)
+
+
+def e8m0_encode(v: torch.Tensor) -> torch.Tensor:
+    """fp32 (>= 0) -> E8M0 byte, TE's `float_to_e8m0`: keep the exponent, +1 if any mantissa bit.
+
+    NaN -> 0xFF, Inf -> 0xFE, 0 -> 0x00; exponent 0xFE stays (saturates at 2^127); subnormals
+    up to 2^-127 (mantissa <= 0x400000) stay 0, larger ones round up to 1.
+    """
+    v = v.float()
+    bits = v.view(torch.int32)
+    exp = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    round_up = (mant > 0) & (exp != 0xFE) & ~((exp == 0) & (mant <= 0x400000))
+    e = exp + round_up.to(torch.int32)
+    e = torch.where(v == 0, 0, e)
+    e = torch.where(torch.isinf(v), 0xFE, e)
+    e = torch.where(torch.isnan(v), 0xFF, e)
+    return e.to(torch.uint8)
+
+
+def e8m0_decode(e: torch.Tensor) -> torch.Tensor:
+    """E8M0 byte -> 2^(e-127) in fp32 (0 -> 2^-127, 255 -> NaN), the MX/cuBLAS reading."""
+    return e.view(torch.float8_e8m0fnu).float()
+
+
+def e8m0_quant_scale(e: torch.Tensor) -> torch.Tensor:
+    """The factor the MXFP8 kernel multiplies elements by, TE's `ptx::exp2f_rcp(e)`.
+
+    2^(127-e) built from bits: e=0 gives 1.0 (not 2^127), e=254 gives 0.0 and e=255 the bit
+    pattern 0xFF800000 (-Inf). Only blocks whose amax is <= 448*2^-127, Inf or all-NaN reach
+    those cases.
+    """
+    e = e.to(torch.int32)
+    bits = (254 - e) << 23
+    return torch.where(e == 0, 1.0, bits.view(torch.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+# E2M1 (FP4 elements)
+
+E2M1_MAX = 6.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _e2m1_step(v: torch.Tensor) -> torch.Tensor:
+    """The grid spacing at |v| (0.5 below 2, 1 in [2, 4), 2 in [4, 6]); powers of two, from bits."""
+    expo = (v.view(torch.int32) & 0x7F800000).clamp_(min=0x3F800000)  # exponent field, >= 2^0
+    return (expo - (1 << 23)).view(torch.float32)  # 2^(e-1)
+
+
+def e2m1_round(v: torch.Tensor, generator: torch.Generator | None = None, stochastic: bool = False):
+    """fp32 values (already scaled) -> values on the E2M1 grid, saturating at +-6, in fp32.
+
+    Works in place on v (callers pass their own scaled copy).
+
+    RNE: torch.round is half-to-even on v/step, and the parity of that multiple is the parity of
+    the E2M1 code in every binade. Stochastic: round away from zero with probability equal to the
+    distance fraction (unbiased). NaN -> +6 (E2M1 has no NaN; satfinite gives max) (I).
+    Signed zeros are kept (a tiny negative gives -0, code 8, as TE's kernel).
+    """
+    torch.fmin(v, torch.tensor(E2M1_MAX, device=v.device), out=v)  # fmin/fmax: NaN -> +6
+    torch.fmax(v, torch.tensor(-E2M1_MAX, device=v.device), out=v)
+    step = _e2m1_step(v)
+    r = v.div_(step)  # exact: step is a power of two
+    if stochastic:
+        lower = torch.floor(r)
+        frac = r.sub_(lower)  # in [0, 1)
+        u = uniform_like(frac, generator)
+        r = lower.add_((u < frac).to(lower.dtype))
+    else:
+        r = r.round_()
+    return r.mul_(step)
+
+
+def uniform_like(t: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """U[0, 1) samples shaped like t, 16 random bits each (the SR resolution of this emulator).
+
+    torch.rand costs ~4 pointwise ops per element on a CPU; 16-bit integers drawn two per int32
+    are ~3x cheaper. The bias of 16-bit SR is below 2^-16 of a grid step.
+    """
+    n = t.numel()
+    if t.device.type != "cpu":
+        return torch.rand(t.shape, generator=generator, device=t.device)
+    words = torch.randint(-(2**31), 2**31 - 1, ((n + 1) // 2,), generator=generator, dtype=torch.int32)
+    half = words.view(torch.int16)[:n].view(t.shape).float()  # in [-32768, 32767]
+    return half.add_(32768.5).mul_(1.0 / 65536)
+
+
+def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
+    """Grid values (fp32) -> 4-bit codes in uint8 (sign in bit 3; -0.0 -> 8)."""
+    lut = torch.tensor([0, 1, 2, 3, 4, 4, 5, 5, 6, 6, 6, 6, 7], dtype=torch.uint8, device=q.device)
+    mag = lut[(q.abs() * 2).to(torch.int64)]  # 2|q| in {0,1,2,3,4,6,8,12}
+    return mag | (torch.signbit(q).to(torch.uint8) << 3)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes -> fp32 values."""
+    lut = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), device=codes.device)
+    return lut[codes.to(torch.int64)]
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """(..., K) 4-bit codes -> (..., K/2) bytes, element 2i in the low nibble (TE's layout)."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """(..., K/2) bytes -> (..., K) 4-bit codes."""
+    out = torch.stack([packed & 0xF, packed >> 4], dim=-1)
+    return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# INT4 (symmetric, -7..7; miles fake QAT)
+
+INT4_MAX = 7
+
+
+def int4_round(v: torch.Tensor) -> torch.Tensor:
+    """fp32 -> integers in [-7, 7] (round half to even, as torch.round); -8 unused."""
+    return torch.round(v).clamp_(-INT4_MAX, INT4_MAX)

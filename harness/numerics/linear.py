@@ -1,0 +1,135 @@
+"""An emulated TE Linear: the three GEMMs on exactly the operand copies TE quantizes.
+
+numerics.md section 1:
+    fprop  y  = x  W^T : x rowwise  x W rowwise
+    dgrad  dx = dy W   : dy rowwise x W columnwise
+    wgrad  dW = dy^T x : dy columnwise x x columnwise (x's copy made in forward and saved)
+Operands are quantized from bf16 (activations, bf16(W), incoming bf16 grads), dequantized, and
+multiplied in fp32; every GEMM output is rounded to bf16 as `bf16_linear` does. With
+fp8_wgrad=False the wgrad GEMM takes the bf16 operands instead. The weight's two copies are
+cached per weight version: TE (driven by Megatron's is_first_microbatch) quantizes W once per
+optimizer step, not once per micro-batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.config.schema import RecipeConfig
+from harness.numerics.context import NumericsContext
+from harness.numerics.quantizers import make_quantizer, quantize_pair
+
+BF16 = torch.bfloat16
+
+
+class QuantizedLinear:
+    """Per-module numerics: a quantizer per role, delayed-scaling state, the weight cache."""
+
+    def __init__(
+        self,
+        name: str,
+        recipe: RecipeConfig,
+        context: NumericsContext,
+        *,
+        fp8_wgrad: bool = True,
+        margin: float = 0.0,
+    ):
+        self.name, self.recipe, self.context, self.fp8_wgrad = name, recipe, context, fp8_wgrad
+        self.calls = 0
+        self._weight_cache: tuple | None = None
+        if recipe.name == "delayed":
+            fwd, bwd = context.delayed_states(name, recipe, margin)
+            self.quantizers = {
+                "input": self._delayed(recipe, "input", fwd, 0),
+                "weight": self._delayed(recipe, "weight", fwd, 1),
+                "grad": self._delayed(recipe, "grad", bwd, 0),
+            }
+        else:
+            gen = context.generator
+            self.quantizers = {
+                r: make_quantizer(recipe, r, generator=gen) for r in ("input", "weight", "grad")
+            }
+
+    @staticmethod
+    def _delayed(recipe, role, state, i):
+        return make_quantizer(
+            recipe, role, scale=lambda: state.current_scale(i), record=lambda a: state.record(i, a)
+        )
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return _QuantizedLinearFn.apply(x, weight, bias, self)
+
+    def quantize_input(self, x2: torch.Tensor, need_columnwise: bool):
+        row, col = quantize_pair(self.quantizers["input"], x2, True, need_columnwise)
+        self.context.telemetry.add(self.name, "input", x2, row)
+        return row, col
+
+    def quantize_weight(self, weight: torch.Tensor, need_columnwise: bool):
+        """Both copies of bf16(W), recomputed only when W changed (its version counter moved)."""
+        key = (weight.data_ptr(), weight._version, weight.device)
+        cache = self._weight_cache
+        if cache is None or cache[0] != key or (need_columnwise and cache[2] is None):
+            w16 = weight.detach().to(BF16)
+            row, col = quantize_pair(self.quantizers["weight"], w16, True, need_columnwise)
+            self._weight_cache = cache = (key, row, col, w16)
+        self.context.telemetry.add(self.name, "weight", cache[3], cache[1])
+        return cache[1], cache[2]
+
+    def quantize_grad(self, dy2: torch.Tensor, need_rowwise: bool, need_columnwise: bool):
+        row, col = quantize_pair(self.quantizers["grad"], dy2, need_rowwise, need_columnwise)
+        if row is not None:
+            self.context.telemetry.add(self.name, "grad", dy2, row)
+        return row, col
+
+    def __repr__(self) -> str:
+        q = self.quantizers
+        extra = "" if self.fp8_wgrad else ", wgrad=bf16"
+        return f"{self.recipe.name}(input={q['input']!r}, weight={q['weight']!r}, grad={q['grad']!r}{extra})"
+
+
+def _deq2d(q, rows: int) -> torch.Tensor:
+    return q.dequantize().reshape(rows, -1).float()
+
+
+class _QuantizedLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, mod: QuantizedLinear):
+        mod.calls += 1
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        x2 = x.reshape(-1, x.shape[-1]).to(BF16)  # (M, K): TE quantizes the bf16 activation
+        xr, xc = mod.quantize_input(x2, need_dw and mod.fp8_wgrad)
+        wr, wc = mod.quantize_weight(weight, need_dx)
+        m = x2.shape[0]
+        xq, wq = _deq2d(xr, m), _deq2d(wr, weight.shape[0])  # (M, K), (N, K) fp32
+        if bias is not None:
+            y = torch.addmm(bias.to(BF16).float(), xq, wq.t())
+        else:
+            y = xq @ wq.t()
+        # what wgrad reads: x's columnwise copy, or bf16 x when wgrad runs in high precision
+        x_saved = _deq2d(xc, m) if xc is not None else x2
+        ctx.save_for_backward(x_saved if need_dw else None, _deq2d(wc, weight.shape[0]) if need_dx else None)
+        ctx.mod, ctx.x_dtype, ctx.x_shape = mod, x.dtype, x.shape
+        ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype if bias is not None else None
+        ctx.first = mod.context.claim_first()
+        return y.to(BF16).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        mod: QuantizedLinear = ctx.mod
+        x_saved, wc = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        dy2 = dy.reshape(-1, dy.shape[-1]).to(BF16)  # (M, N)
+        fp8_dw = need_dw and mod.fp8_wgrad
+        dyr, dyc = mod.quantize_grad(dy2, True, fp8_dw)
+        dx = dw = db = None
+        if need_dx:
+            dx = (_deq2d(dyr, dy2.shape[0]) @ wc).to(BF16).to(ctx.x_dtype).view(ctx.x_shape)
+        if need_dw:
+            dy_w = _deq2d(dyc, dy2.shape[0]) if fp8_dw else dy2.float()
+            x_w = x_saved.float()
+            dw = (dy_w.t() @ x_w).to(BF16).to(ctx.w_dtype)  # (N, K)
+        if need_db and ctx.b_dtype is not None:
+            db = dy2.float().sum(0).to(BF16).to(ctx.b_dtype)  # dbias from the unquantized grad
+        if ctx.first:
+            mod.context.update_backward()  # after the last backward of this forward (TE)
+        return dx, dw, db, None

@@ -1,0 +1,61 @@
+"""MXFP8 (TE MXFP8BlockScaling): FP8 elements with one E8M0 scale per 32 elements.
+
+numerics.md section 5: e = E8M0(amax * fl32(1/fp8max)) rounded *up*; elements are multiplied by
+TE's exp2f_rcp(e) and cast with saturation. Rowwise (1x32) and columnwise (32x1) copies are each
+quantized from high precision. TE stores MXFP8 columnwise data untransposed, shape (M, K).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.numerics.formats import FP8Format, cast_fp8, e8m0_decode, e8m0_encode, e8m0_quant_scale
+from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, round_up
+from harness.numerics.scaling import amax, const
+
+BLOCK = 32
+
+
+class MXFP8Quantized(BlockQuantized):
+    """MXFP8Tensor: uint8 FP8 data (M, K) for both copies, uint8 E8M0 scales in TE's padded layout."""
+
+    def __init__(self, elems, e8m0, block, shape, columnwise, has_nan, fmt):
+        super().__init__(elems, e8m0_decode(e8m0), block, shape, columnwise, has_nan)
+        self.e8m0, self.fmt = e8m0, fmt
+
+    @property
+    def data(self) -> torch.Tensor:
+        return self._codes_2d().reshape(self.shape)
+
+    @property
+    def scale_inv(self) -> torch.Tensor:
+        """Rowwise (round128(M), round4(K/32)); columnwise (round4(M/32), round128(K)); zero padding."""
+        e = self.e8m0  # (M, K/32) or (M/32, K), x's orientation
+        if self.columnwise:
+            rows, cols = round_up(e.shape[0], 4), round_up(self.k, 128)
+        else:
+            rows, cols = round_up(self.m, 128), round_up(e.shape[1], 4)
+        out = torch.zeros(rows, cols, dtype=torch.uint8, device=e.device)
+        valid = e[:, : self.k] if self.columnwise else e[: self.m]
+        out[: valid.shape[0], : valid.shape[1]] = valid
+        return out
+
+    def saturated_count(self) -> torch.Tensor:
+        return (self.elems[: self.m, : self.k].float().abs() == self.fmt.max).sum()
+
+    def telemetry_scale(self) -> torch.Tensor:
+        return e8m0_quant_scale(self.e8m0.flatten()[torch.argmax(self.e8m0.flatten())])
+
+
+def quantize_mxfp8(x: torch.Tensor, fmt: FP8Format, *, columnwise: bool = False) -> MXFP8Quantized:
+    """One MXFP8 copy: 1x32 blocks along rows, or 32x1 along columns when columnwise."""
+    x2 = as_2d(x)
+    br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
+    xp = pad2d(x2, br, bc)  # (Mp, Kp); TE itself requires both dims divisible by 32
+    blocks = block_view(xp, br, bc)  # (Mr, br, Kc, bc)
+    block_amax, has_nan = amax(blocks, dim=(1, 3))  # (Mr, Kc)
+    e = e8m0_encode(block_amax * const(1.0 / fmt.max, block_amax))  # multiply by fl32(1/fp8max)
+    v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
+    v = v.mul_(e8m0_quant_scale(e)[:, None, :, None])
+    q = cast_fp8(v, fmt).view(xp.shape)
+    return MXFP8Quantized(q, e, (br, bc), x.shape, columnwise, has_nan, fmt)

@@ -1,0 +1,119 @@
+"""NVFP4 (TE NVFP4BlockScaling): E2M1 elements, E4M3 scale per 16 elements, fp32 global scale.
+
+numerics.md section 6. Two-level scaling from a global amax (S_enc = 2688/amax), 1x16 blocks for
+activations and gradients (16x1 for their columnwise copies), 16x16 tiles for weights (the
+columnwise copy is then the exact transpose). The wgrad operands' columnwise copies go through the
+random Hadamard transform (fixed signs, result rounded to bf16) and use the post-RHT amax;
+gradients round stochastically.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from harness.numerics.formats import E4M3, FLT_MAX, cast_fp8, e2m1_encode, e2m1_round, pack_fp4
+from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, round_up
+from harness.numerics.scaling import amax, const
+
+BLOCK = 16
+GLOBAL_MAX = 448.0 * 6.0  # E4M3 max x E2M1 max
+RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)  # TE's get_wgrad_sign_vector
+
+
+@functools.lru_cache(maxsize=8)
+def rht_matrix(device: torch.device) -> torch.Tensor:
+    """diag(s) @ H16 / 4 (Sylvester Hadamard): entries +-0.25, exact in bf16 and fp32."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < BLOCK:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (torch.tensor(RHT_SIGNS, dtype=torch.float32)[:, None] * h * 0.25).to(device)
+
+
+def rht_tokens(x2: torch.Tensor) -> torch.Tensor:
+    """TE's RHT of x^T, in x's orientation: every 16 consecutive rows (tokens) of each column c
+    become chunk @ M. Products accumulate in fp32; the result is rounded to bf16 (not fast-math)."""
+    xp = pad2d(x2, BLOCK, 1)  # (Mp, K)
+    chunks = xp.float().view(-1, BLOCK, xp.shape[1])  # (Mp/16, 16, K)
+    y = torch.matmul(rht_matrix(x2.device).t(), chunks)  # y[j] = sum_k x[k] M[k, j]
+    return y.view(xp.shape).to(torch.bfloat16)
+
+
+class NVFP4Quantized(BlockQuantized):
+    """NVFP4Tensor: packed E2M1 data, E4M3 block scales (uint8, padded) and the global amax."""
+
+    def __init__(self, elems, dec, sf, block, shape, columnwise, amax_, rht):
+        super().__init__(elems, dec, block, shape, columnwise)
+        self.sf, self.amax, self.rht = sf, amax_.reshape(1), rht
+
+    def _values(self) -> torch.Tensor:
+        return self.elems  # already fp32 values on the E2M1 grid
+
+    @property
+    def data(self) -> torch.Tensor:
+        """Rowwise (M, K/2); columnwise (K, M/2) from the transposed codes; two codes per byte."""
+        codes = e2m1_encode(self.elems[: self.m, : self.k])  # (M, K)
+        if self.columnwise:
+            return pack_fp4(codes.t().contiguous())
+        return pack_fp4(codes).reshape(*self.shape[:-1], self.k // 2)
+
+    @property
+    def scale_inv(self) -> torch.Tensor:
+        """Rowwise (round128(M), round4(K/16)); columnwise (round128(K), round4(M/16)); E4M3 bytes
+        of the scale of every row's 16-blocks (2-D tiles repeat theirs over their 16 rows)."""
+        sf = self.sf.view(torch.uint8)  # (M/br, K/bc) grid in x's orientation
+        if self.columnwise:
+            sf = sf.t()  # rows of the transposed tensor: (K, M/16) or (K/16, M/16) tiles
+        if self.block == (BLOCK, BLOCK):  # 16x16 tiles: every row repeats its tile's scale
+            sf = sf.repeat_interleave(BLOCK, dim=0)
+        rows, nblk = (self.k, -(-self.m // BLOCK)) if self.columnwise else (self.m, -(-self.k // BLOCK))
+        out = torch.zeros(round_up(rows, 128), round_up(nblk, 4), dtype=torch.uint8, device=sf.device)
+        out[:rows, :nblk] = sf[:rows, :nblk]
+        return out
+
+    def saturated_count(self) -> torch.Tensor:
+        return (self.elems[: self.m, : self.k].abs() == 6.0).sum()
+
+    def telemetry_scale(self) -> torch.Tensor:
+        """The global encode scale S_enc (2688 / amax)."""
+        return global_encode_scale(self.amax).reshape(())
+
+
+def global_encode_scale(amax_g: torch.Tensor) -> torch.Tensor:
+    """S_enc = fl32(2688 / amax), capped at FLT_MAX; 1 when amax is 0 or the result is 0."""
+    s = torch.div(const(GLOBAL_MAX, amax_g), amax_g)
+    s = torch.minimum(s, const(FLT_MAX, s))
+    return torch.where((amax_g == 0) | (s == 0), const(1.0, s), s)
+
+
+def quantize_nvfp4(
+    x: torch.Tensor,
+    *,
+    columnwise: bool = False,
+    tile_2d: bool = False,
+    rht: bool = False,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+) -> NVFP4Quantized:
+    """One NVFP4 copy. `rht` applies to the columnwise copy only (as TE); x should be bf16 then."""
+    x2 = as_2d(x)
+    use_rht = rht and columnwise and not tile_2d
+    src = rht_tokens(x2.to(torch.bfloat16)) if use_rht else x2  # (Mp|M, K)
+    if tile_2d:
+        br, bc = BLOCK, BLOCK
+    else:
+        br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
+    blocks = block_view(pad2d(src, br, bc), br, bc)  # (Mr, br, Kc, bc)
+    block_amax, _ = amax(blocks, dim=(1, 3))  # (Mr, Kc)
+    amax_g = block_amax.max()  # the whole-tensor amax (post-RHT for an RHT copy)
+    s_enc = global_encode_scale(amax_g)
+    s_dec = torch.div(const(1.0, s_enc), s_enc)
+    sf = cast_fp8(block_amax * (s_enc * const(1.0 / 6.0, s_enc)), E4M3)  # level-1 scale, E4M3
+    sf32 = sf.float()
+    k = torch.minimum(torch.div(const(1.0, sf32), sf32 * s_dec), const(FLT_MAX, sf32))  # (Mr, Kc)
+    v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
+    v = v.mul_(k[:, None, :, None])  # fp32(x * k)
+    q = e2m1_round(v, generator, stochastic).view(blocks.shape[0] * br, -1)  # (Mp, Kp)
+    dec = (sf32 * amax_g) * const(1.0 / GLOBAL_MAX, sf32)  # TE's dequantize: sf * amax / 2688
+    return NVFP4Quantized(q, dec, sf, (br, bc), x.shape, columnwise, amax_g, use_rht)

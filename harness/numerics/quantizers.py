@@ -1,0 +1,197 @@
+"""Quantizers: one object per (recipe, role) with `quantize(x, columnwise) -> Quantized`.
+
+The same interface a custom recipe's factory returns (architecture.md). `quantize_pair` makes
+the rowwise and columnwise copies together, sharing work where TE's copies share it (per-tensor
+scaling and 2-D tiles: the columnwise copy is the transpose of the rowwise one).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+
+from harness.config.schema import RecipeConfig
+from harness.numerics.blockwise import quantize_blockwise
+from harness.numerics.formats import FP8Format
+from harness.numerics.int4 import quantize_int4
+from harness.numerics.mxfp8 import quantize_mxfp8
+from harness.numerics.nvfp4 import quantize_nvfp4
+from harness.numerics.qtensor import Quantized
+from harness.numerics.scaling import amax, fp8_format_for
+from harness.numerics.tensorwise import current_scale, quantize_per_tensor
+
+Pair = tuple[Quantized | None, Quantized | None]
+
+
+def twin(q: Quantized, columnwise: bool) -> Quantized:
+    """The same codes seen as the other copy (shares the dequantized cache)."""
+    other = copy.copy(q)
+    other.columnwise, other._source = columnwise, q
+    return other
+
+
+class Quantizer:
+    """Base: subclasses implement `quantize`; `shared_copies` says the copies are transposes."""
+
+    shared_copies = False
+
+    def quantize(self, x: torch.Tensor, columnwise: bool = False) -> Quantized:
+        raise NotImplementedError
+
+    def quantize_pair(self, x: torch.Tensor, rowwise: bool = True, columnwise: bool = True) -> Pair:
+        if self.shared_copies and rowwise and columnwise:
+            row = self.quantize(x, False)
+            return row, twin(row, True)
+        return (self.quantize(x, False) if rowwise else None, self.quantize(x, True) if columnwise else None)
+
+
+class CurrentScalingQuantizer(Quantizer):
+    shared_copies = True
+
+    def __init__(self, fmt: FP8Format, power_2: bool = False, epsilon: float = 0.0):
+        self.fmt, self.power_2, self.epsilon = fmt, power_2, epsilon
+
+    def quantize(self, x, columnwise=False):
+        a, has_nan = amax(x)
+        scale = current_scale(a, self.fmt, power_2=self.power_2, epsilon=self.epsilon)
+        return quantize_per_tensor(x, self.fmt, scale, columnwise=columnwise, amax_=a, has_nan=has_nan)
+
+    def __repr__(self):
+        return f"CurrentScaling({self.fmt}, pow2={self.power_2}, eps={self.epsilon})"
+
+
+class DelayedScalingQuantizer(Quantizer):
+    """Casts with a scale from `get_scale()` and reports each cast's amax to `record(amax)`."""
+
+    shared_copies = True
+
+    def __init__(self, fmt: FP8Format, get_scale: Callable[[], torch.Tensor], record=None):
+        self.fmt, self.get_scale, self.record = fmt, get_scale, record
+
+    def quantize(self, x, columnwise=False):
+        a, has_nan = amax(x)
+        if self.record is not None:
+            self.record(a)
+        return quantize_per_tensor(
+            x, self.fmt, self.get_scale(), columnwise=columnwise, amax_=a, has_nan=has_nan
+        )
+
+    def __repr__(self):
+        return f"DelayedScaling({self.fmt})"
+
+
+class BlockwiseQuantizer(Quantizer):
+    def __init__(self, fmt: FP8Format, tile_2d: bool, power_2: bool = True, epsilon: float = 0.0):
+        self.fmt, self.tile_2d, self.power_2, self.epsilon = fmt, tile_2d, power_2, epsilon
+        self.shared_copies = tile_2d
+
+    def quantize(self, x, columnwise=False):
+        return quantize_blockwise(
+            x,
+            self.fmt,
+            tile_2d=self.tile_2d,
+            columnwise=columnwise,
+            power_2=self.power_2,
+            epsilon=self.epsilon,
+        )
+
+    def __repr__(self):
+        return f"Blockwise({self.fmt}, {'128x128' if self.tile_2d else '1x128'}, pow2={self.power_2})"
+
+
+class MXFP8Quantizer(Quantizer):
+    def __init__(self, fmt: FP8Format):
+        self.fmt = fmt
+
+    def quantize(self, x, columnwise=False):
+        return quantize_mxfp8(x, self.fmt, columnwise=columnwise)
+
+    def __repr__(self):
+        return f"MXFP8({self.fmt}, 1x32, E8M0)"
+
+
+class NVFP4Quantizer(Quantizer):
+    def __init__(self, tile_2d=False, rht=False, stochastic=False, generator=None):
+        self.tile_2d, self.rht, self.stochastic, self.generator = tile_2d, rht, stochastic, generator
+        self.shared_copies = tile_2d
+
+    def quantize(self, x, columnwise=False):
+        return quantize_nvfp4(
+            x,
+            columnwise=columnwise,
+            tile_2d=self.tile_2d,
+            rht=self.rht,
+            stochastic=self.stochastic,
+            generator=self.generator,
+        )
+
+    def __repr__(self):
+        return f"NVFP4({'16x16' if self.tile_2d else '1x16'}, rht={self.rht}, sr={self.stochastic})"
+
+
+class Int4Quantizer(Quantizer):
+    shared_copies = True
+
+    def __init__(self, group_size: int):
+        self.group_size = group_size
+
+    def quantize(self, x, columnwise=False):
+        q = quantize_int4(x, self.group_size)
+        return twin(q, True) if columnwise else q
+
+    def __repr__(self):
+        return f"Int4(group={self.group_size})"
+
+
+def make_quantizer(
+    recipe: RecipeConfig,
+    role: str,
+    *,
+    scale: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    record=None,
+    generator: torch.Generator | None = None,
+) -> Quantizer:
+    """The quantizer TE would build for `role` under `recipe` (roles: input, weight, grad).
+
+    Delayed scaling needs `scale` (a tensor, or a callable returning the current one).
+    """
+    name = recipe.name
+    if name == "tensorwise":
+        fmt = fp8_format_for(recipe.fp8, role)
+        return CurrentScalingQuantizer(fmt, recipe.power_2_scales, recipe.amax_epsilon)
+    if name == "delayed":
+        if scale is None:
+            raise ValueError("recipe=delayed: pass scale= (step 1 of training uses scale=1.0)")
+        fixed = None if callable(scale) else torch.as_tensor(scale, dtype=torch.float32)
+        get = scale if fixed is None else (lambda: fixed)
+        return DelayedScalingQuantizer(fp8_format_for(recipe.fp8, role), get, record)
+    if name == "blockwise":
+        dim = {"input": recipe.x_block_dim, "weight": recipe.w_block_dim, "grad": recipe.grad_block_dim}[role]
+        if dim not in (1, 2):
+            raise ValueError(f"blockwise {role} block dim {dim}: use 1 (1x128) or 2 (128x128)")
+        fmt = fp8_format_for(recipe.fp8, role)
+        return BlockwiseQuantizer(fmt, dim == 2, recipe.power_2_scales, recipe.amax_epsilon)
+    if name == "mxfp8":
+        return MXFP8Quantizer(fp8_format_for(recipe.fp8, role))
+    if name == "nvfp4":
+        fp8_format_for("e4m3", role)  # validates the role
+        if role == "weight":
+            return NVFP4Quantizer(tile_2d=not recipe.disable_2d_quantization)
+        sr = role == "grad" and not recipe.disable_stochastic_rounding
+        return NVFP4Quantizer(rht=not recipe.disable_rht, stochastic=sr, generator=generator)
+    if name == "int4_qat":
+        return Int4Quantizer(recipe.int4_group_size)
+    if name == "custom":
+        from harness.numerics.custom import load_factory
+
+        return load_factory(recipe.quantizer_factory)(role, recipe)
+    raise ValueError(f"recipe={name!r} has no quantizer (bf16 is unquantized)")
+
+
+def quantize_pair(qz, x: torch.Tensor, rowwise: bool = True, columnwise: bool = True) -> Pair:
+    """Both copies from any quantizer, including a custom one with only `quantize`."""
+    if isinstance(qz, Quantizer):
+        return qz.quantize_pair(x, rowwise, columnwise)
+    return (qz.quantize(x, False) if rowwise else None, qz.quantize(x, True) if columnwise else None)

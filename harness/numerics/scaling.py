@@ -1,0 +1,82 @@
+"""Scale arithmetic shared by the FP8 quantizers: amax, scale from amax, role -> format.
+
+Division trap (numerics.md section 0): torch 2.13 CPU computes `python_scalar / tensor` as a
+reciprocal times the scalar, not correctly rounded; TE divides in IEEE fp32. Every division here
+is tensor / tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.numerics.formats import E4M3, E5M2, FLT_MAX, FP8Format
+
+ROLES = ("input", "weight", "grad")
+
+
+def fp8_format_for(fp8: str | None, role: str) -> FP8Format:
+    """TE's get_fp8_te_dtype: E4M3 everywhere, or HYBRID = E4M3 forward and E5M2 gradients."""
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}: use one of {ROLES}")
+    if fp8 == "e4m3":
+        return E4M3
+    if fp8 == "hybrid":
+        return E5M2 if role == "grad" else E4M3
+    raise ValueError(f"fp8={fp8!r}: use e4m3 or hybrid (TE rejects pure E5M2)")
+
+
+def const(value: float, like: torch.Tensor) -> torch.Tensor:
+    """An fp32 scalar tensor on like's device (so arithmetic is tensor-tensor, IEEE fp32)."""
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
+
+
+def amax(x: torch.Tensor, dim=None) -> tuple[torch.Tensor, bool]:
+    """max|x| as fp32, NaN ignored (TE's fmaxf from 0), and whether x held a NaN.
+
+    Computed in x's dtype (exact for bf16) then widened. Reduces over `dim` (all dims if None).
+    """
+    a = x.abs()
+    m = a.amax() if dim is None else a.amax(dim=dim)
+    has_nan = bool(torch.isnan(m).any())
+    if has_nan:  # rare: recompute with NaN -> 0 so that it is ignored like fmaxf does
+        a = torch.nan_to_num(a, nan=0.0, posinf=float("inf"))
+        m = a.amax() if dim is None else a.amax(dim=dim)
+    return m.float(), has_nan
+
+
+def scale_from_amax(
+    amax_: torch.Tensor,
+    fp8max: float,
+    *,
+    power_2: bool = False,
+    epsilon: float = 0.0,
+    value_for_inf: float = FLT_MAX,
+) -> torch.Tensor:
+    """TE's compute_scale_from_amax (recipe_common.cuh), elementwise over a tensor of amaxes.
+
+    a = max(amax, eps); a in {0, Inf, NaN} -> 1; else fp8max / a (IEEE); Inf -> value_for_inf;
+    power_2 clears the 23 mantissa bits (rounds down to a power of two).
+    """
+    a = amax_.float()
+    if epsilon > 0:
+        a = torch.where(a < epsilon, const(epsilon, a), a)
+    scale = torch.div(const(fp8max, a), a)
+    scale = torch.where(torch.isinf(scale), const(value_for_inf, a), scale)
+    bad = torch.isinf(a) | (a == 0) | torch.isnan(a)
+    scale = torch.where(bad, const(1.0, a), scale)
+    if power_2:
+        scale = (scale.view(torch.int32) & -8388608).view(torch.float32)  # 0xFF800000
+    return scale
+
+
+def reciprocal(scale: torch.Tensor) -> torch.Tensor:
+    """scale_inv = 1 / scale in IEEE fp32 (TE's __frcp_rn)."""
+    return torch.div(torch.ones_like(scale), scale)
+
+
+def dtype_max(dtype: torch.dtype) -> float:
+    """Largest finite value of the *input* dtype (blockwise scaling's fallback for Inf scales)."""
+    return float(torch.finfo(dtype).max) if dtype.is_floating_point else FLT_MAX
+
+
+__all__ = ["ROLES", "E4M3", "E5M2", "amax", "fp8_format_for", "reciprocal", "scale_from_amax"]
