@@ -97,9 +97,13 @@ def display_row(row: dict[str, Any]) -> dict[str, str]:
         anchor += f" ({row['public_anchor'].split(':')[0]})"
     to_target = "—"
     if row.get("reached_target"):
-        reached = row["reached_target"].split("/")[0]
-        to_target = "not reached" if reached == "0" else fmt_tokens(row.get("tokens_to_target"))
-        to_target += f" ({row['reached_target']} seeds)"
+        reached, total = row["reached_target"].split("/")
+        if reached == total:
+            to_target = f"{fmt_tokens(row.get('tokens_to_target'))} ({total}/{total} seeds)"
+        else:
+            to_target = (
+                f"not reached (0/{total} seeds)" if reached == "0" else f"reached by {reached}/{total} seeds"
+            )
         if _num(row.get("wall_to_target_s")):
             to_target += f", {row['wall_to_target_s']:.1f} s"
     status = row.get("status") or ""
