@@ -2,35 +2,38 @@
 
 from __future__ import annotations
 
-import torch
 import torch.nn as nn
+
+from harness.optim import Optimizer, _tensor_bytes
 
 GIB = 2**30
 
 
-def _bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+def _is_quantized(p) -> bool:
+    return any(hasattr(p, a) for a in ("_data", "_rowwise_data", "_columnwise_data"))
 
 
-def breakdown(model: nn.Module, optimizer: torch.optim.Optimizer, *, quantized_bytes: int = 0,
-              master_bytes: int = 0, peak_bytes: int | None = None) -> dict:
+def breakdown(model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None = None,
+              quantized_bytes: int = 0) -> dict:
     """GiB per category; activations are what the measured peak leaves unexplained (an estimate)."""
-    params = _bytes(model.parameters())
-    # gradients: what one step holds, in the dtype the backward writes (the params' own here)
-    grads = _bytes(p for p in model.parameters() if p.requires_grad)
-    states = _bytes(v for s in optimizer.state.values() for v in s.values())
-    static = params + grads + states + master_bytes + quantized_bytes
+    params = [p for p in model.parameters()]
+    plain = sum(_tensor_bytes(p) for p in params if not _is_quantized(p))
+    quantized = quantized_bytes + sum(_tensor_bytes(p) for p in params if _is_quantized(p))
+    opt = optimizer.memory_bytes()
+    static = plain + quantized + opt["master_weights"] + opt["optimizer_states"] + opt["main_grads"]
     out = {
-        "params_gib": params / GIB,
-        "grads_gib": grads / GIB,
-        "optimizer_states_gib": states / GIB,
-        "master_weights_gib": master_bytes / GIB,
-        "quantized_copies_gib": quantized_bytes / GIB,
+        "params_gib": plain / GIB,
+        "quantized_copies_gib": quantized / GIB,
+        "grads_gib": opt["main_grads"] / GIB,
+        "optimizer_states_gib": opt["optimizer_states"] / GIB,
+        "master_weights_gib": opt["master_weights"] / GIB,
+        "host_offloaded_gib": opt.get("host_bytes", 0) / GIB,
         "static_total_gib": static / GIB,
         "activations_estimate_gib": None,
         "peak_measured_gib": None,
-        "how": "params/grads/states/copies counted from tensor sizes; activations = measured peak minus "
-               "the static total (null where no device allocator measures a peak, e.g. on a CPU)",
+        "how": "weights, grads, optimizer states and quantized weights counted from the tensors as stored; "
+               "activations = measured peak minus that static total (null where no device allocator "
+               "measures a peak, e.g. on a CPU)",
     }
     if peak_bytes is not None:
         out["peak_measured_gib"] = peak_bytes / GIB

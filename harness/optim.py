@@ -1,4 +1,15 @@
-"""AdamW with warm-up and cosine decay, gradient clipping; fp32 master weights are the parameters."""
+"""AdamW with warm-up and cosine decay, gradient clipping, and the precision-aware variants.
+
+One `Optimizer` wrapper hides where gradients live (``p.grad``, or Megatron-style fp32 main grads
+accumulated by hooks) and what the states are made of:
+
+- emulated backend: fp32 parameters are the master weights; torch AdamW, or the pure-PyTorch
+  `PrecisionAwareAdamW` that reproduces TE FusedAdam's low-precision state numerics;
+- te backend: bf16 parameters; TE FusedAdam with fp32 (or fp16) master weights and
+  fp32/fp16/bf16/fp8 moments (Megatron's precision-aware optimizer), fp32 main grads by default;
+  `master_weights=false` is the anchor script's setup (torch fused AdamW on the bf16 parameters);
+  `optimizer_cpu_offload` keeps master weights, states and the step on the host.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +19,8 @@ import torch
 import torch.nn as nn
 
 from harness.config.schema import OptimizerConfig
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.uint8}
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -19,12 +32,163 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
+def _tensor_bytes(t) -> int:
+    """Storage bytes, also for TE's quantized tensors (whose nominal dtype is not their storage)."""
+    inner = [getattr(t, a, None) for a in ("_data", "_transpose", "_rowwise_data", "_columnwise_data",
+                                            "_scale_inv", "_rowwise_scale_inv", "_columnwise_scale_inv")]
+    inner = [x for x in inner if isinstance(x, torch.Tensor)]
+    if inner:
+        return sum(x.numel() * x.element_size() for x in inner)
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+class MainGrads:
+    """Megatron's fp32 gradient buffer: each backward adds the bf16 grad into a persistent fp32 buffer."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = params
+        for p in params:
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            p.register_post_accumulate_grad_hook(self._accumulate)
+
+    @staticmethod
+    def _accumulate(p: nn.Parameter) -> None:
+        p.main_grad.add_(p.grad)
+        p.grad = None
+
+    def grads(self) -> list[torch.Tensor]:
+        return [p.main_grad for p in self.params]
+
+    def zero(self) -> None:
+        torch._foreach_zero_(self.grads())
+
+    def nbytes(self) -> int:
+        return sum(g.numel() * 4 for g in self.grads())
+
+
+class Optimizer:
+    """The training loop's view of any optimizer: grads(), step(), zero_grad(), memory_bytes()."""
+
+    def __init__(self, inner, params: list[nn.Parameter], main_grads: MainGrads | None = None,
+                 decoupled: bool = False):
+        self.inner, self.params, self.main_grads, self.decoupled = inner, params, main_grads, decoupled
+
+    @property
+    def param_groups(self):
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    def grads(self) -> list[torch.Tensor]:
+        if self.main_grads is not None:
+            return self.main_grads.grads()
+        return [p.grad for p in self.params if p.grad is not None]
+
+    def step(self) -> None:
+        if self.main_grads is not None:
+            for p in self.params:  # FusedAdam reads the fp32 buffer as its "decoupled" grad
+                p.decoupled_grad = p.main_grad
+        self.inner.step()
+
+    def zero_grad(self) -> None:
+        self.inner.zero_grad(set_to_none=True)
+        if self.main_grads is not None:
+            self.main_grads.zero()
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+    def memory_bytes(self) -> dict:
+        """Bytes of master weights, moment states and main grads as stored."""
+        if hasattr(self.inner, "memory_bytes"):
+            return self.inner.memory_bytes()
+        master = states = 0
+        for st in self.inner.state.values():
+            for key, value in st.items():
+                if key == "master_param":
+                    master += _tensor_bytes(value)
+                elif isinstance(value, torch.Tensor) and value.dim() > 0:
+                    states += _tensor_bytes(value)
+        grads = self.main_grads.nbytes() if self.main_grads is not None else sum(
+            p.numel() * p.element_size() for p in self.params)
+        return {"master_weights": master, "optimizer_states": states, "main_grads": grads}
+
+
+class CpuOffloadAdamW:
+    """Optimizer CPU offload: fp32 master weights and AdamW states in host memory, step on the CPU."""
+
+    def __init__(self, groups: list[dict], cfg: OptimizerConfig):
+        self.params = [p for g in groups for p in g["params"]]
+        self.master = [p.detach().float().cpu().pin_memory() for p in self.params]
+        self.host_grads = [torch.zeros_like(m).pin_memory() for m in self.master]
+        it = iter(self.master)
+        host_groups = [{**g, "params": [next(it) for _ in g["params"]]} for g in groups]
+        self.inner = torch.optim.AdamW(host_groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+        self.param_groups = self.inner.param_groups
+        self.state = self.inner.state
+
+    def step(self) -> None:
+        for p, m, h in zip(self.params, self.master, self.host_grads):
+            h.copy_(p.main_grad if hasattr(p, "main_grad") else p.grad, non_blocking=True)
+            m.grad = h
+        torch.cuda.synchronize()  # the host step needs the grads
+        self.inner.step()
+        for p, m in zip(self.params, self.master):
+            p.data.copy_(m, non_blocking=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def state_dict(self) -> dict:
+        return {"inner": self.inner.state_dict(), "master": self.master}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state["inner"])
+        for m, saved in zip(self.master, state["master"]):
+            m.copy_(saved)
+
+    def memory_bytes(self) -> dict:
+        # everything lives in host memory: nothing of it counts against the GPU
+        return {"master_weights": 0, "optimizer_states": 0, "main_grads": 0,
+                "host_bytes": sum(m.numel() * 4 * 3 for m in self.master)}
+
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device: torch.device,
+                    backend: str = "emulated") -> Optimizer:
     groups = param_groups(model, cfg.weight_decay)
-    kwargs = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
-    if device.type == "cuda":
-        kwargs["fused"] = True
-    return torch.optim.AdamW(groups, **kwargs)
+    params = [p for g in groups for p in g["params"]]
+    hp = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
+    if backend != "te":
+        if cfg.use_precision_aware_optimizer:
+            from harness.precision_adam import PrecisionAwareAdamW, install_main_grad_hooks
+
+            install_main_grad_hooks(model, cfg.main_grads_dtype)
+            inner = PrecisionAwareAdamW(groups, weight_decay=cfg.weight_decay, exp_avg_dtype=cfg.exp_avg_dtype,
+                                        exp_avg_sq_dtype=cfg.exp_avg_sq_dtype,
+                                        main_params_dtype=cfg.main_params_dtype,
+                                        main_grads_dtype=cfg.main_grads_dtype, **hp)
+            return Optimizer(inner, params)
+        return Optimizer(torch.optim.AdamW(groups, fused=device.type == "cuda", **hp), params)
+    if not cfg.master_weights:  # the anchor script's setup: bf16 parameters, no fp32 copy
+        return Optimizer(torch.optim.AdamW(groups, fused=True, **hp), params)
+    main_grads = MainGrads(params) if cfg.main_grads_dtype == "fp32" else None
+    if cfg.optimizer_cpu_offload:
+        return Optimizer(CpuOffloadAdamW(groups, cfg), params, main_grads)
+    from transformer_engine.pytorch.optimizers import FusedAdam
+
+    inner = FusedAdam(groups, weight_decay=cfg.weight_decay, adam_w_mode=True, master_weights=True,
+                      master_weight_dtype=TORCH_DTYPES[cfg.main_params_dtype],
+                      exp_avg_dtype=TORCH_DTYPES[cfg.exp_avg_dtype],
+                      exp_avg_sq_dtype=TORCH_DTYPES[cfg.exp_avg_sq_dtype],
+                      use_decoupled_grad=main_grads is not None,
+                      store_param_remainders=cfg.main_params_dtype == "fp32", **hp)
+    return Optimizer(inner, params, main_grads)
 
 
 def lr_at(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
@@ -36,14 +200,17 @@ def lr_at(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def set_lr(optimizer: Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
 
 
-def clip_grad(model: nn.Module, max_norm: float) -> torch.Tensor:
+def clip_grad(optimizer: Optimizer, max_norm: float) -> torch.Tensor:
     """Global grad norm as a device tensor (no host sync); clipped in place when max_norm > 0."""
-    params = [p for p in model.parameters() if p.grad is not None]
+    grads = optimizer.grads()
+    norm = torch.nn.utils.get_total_norm(grads)
     if max_norm > 0:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return torch.nn.utils.get_total_norm([p.grad for p in params])
+        # same as torch's clip_grads_with_norm_, on the tensors themselves (they may be main grads)
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, coef)
+    return norm

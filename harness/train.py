@@ -69,7 +69,7 @@ class Trainer:
         self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
         self.backend = build_backend(cfg, self.device)
         self.model = self.backend.build_model()
-        self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device, self.backend.name)
         self.accum = cfg.global_batch_size // cfg.micro_batch_size
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
         n = count_params(self.model)
@@ -106,9 +106,9 @@ class Trainer:
             if rows:
                 self._log_telemetry(step, rows)
             total += loss.detach()
-        grad_norm = clip_grad(self.model, self.cfg.optimizer.clip_grad)
+        grad_norm = clip_grad(self.optimizer, self.cfg.optimizer.clip_grad)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         return total, grad_norm, lr
 
     def _log_telemetry(self, step: int, rows: list[dict]) -> None:
@@ -152,7 +152,7 @@ class Trainer:
             self.metrics.timer.stop(step)
             self.metrics.record(step, loss, grad_norm, lr)
             summary.steps, summary.tokens = step + 1, (step + 1) * self.tokens_per_step
-            if step == 0:
+            if step in (0, cfg.steps - 1):  # TE: the recipe really ran; delayed scales really moved
                 self.backend.verify_active(self.model, step)
             if self.metrics.should_log(step, cfg.steps - 1):
                 row = self.metrics.row(step)

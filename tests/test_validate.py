@@ -144,10 +144,10 @@ def test_batch_divisibility():
     assert "global_batch_size=10" in error_of("global_batch_size=10", "micro_batch_size=4")
 
 
-@pytest.mark.parametrize("override", ["optimizer.fp8_param=true", "optimizer.use_precision_aware_optimizer=true"])
-def test_not_supported_yet_fails_clearly(override):
-    msg = error_of("recipe=tensorwise", override)
-    assert "not supported yet" in msg
+@pytest.mark.parametrize("overrides", [["optimizer=bf16_params", "backend=emulated"],
+                                       ["recipe=int4_qat", "backend=te", "hardware=h100"]])
+def test_not_supported_yet_fails_clearly(overrides):
+    assert "not supported yet" in error_of(*overrides)
 
 
 def test_cli_error_is_one_line_exit_2_and_writes_nothing(tmp_path):

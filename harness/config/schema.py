@@ -103,6 +103,8 @@ class OptimizerConfig:
     """Linear warm-up steps; cosine decay to min_lr over the remaining steps."""
     clip_grad: float = 1.0
     """Global gradient-norm clip; 0 = off."""
+    master_weights: bool = True
+    """Keep fp32 master weights (false = optimizer updates bf16 params directly: anchors.md's setup)."""
     use_precision_aware_optimizer: bool = False
     """TE FusedAdam with low-precision states and main grads (--use-precision-aware-optimizer)."""
     main_grads_dtype: str = "fp32"
@@ -272,7 +274,7 @@ class Config:
     telemetry_interval: int = 0
     """Steps between numerics telemetry rows; 0 = off."""
     checkpoint_interval: int = 0
-    """Steps between checkpoints; 0 = only at the end."""
+    """Steps between checkpoints; 0 = only at the end; -1 = never (benchmarks)."""
     bench_warmup_steps: int = 5
     """Steps excluded from throughput and peak memory."""
     dtype: str = "bf16"

@@ -258,11 +258,16 @@ def _te_errors(cfg: Config) -> list[str]:
 def support_errors(cfg: Config) -> list[str]:
     """What lowp itself cannot run yet (each lifted by the issue that implements it)."""
     errs = []
-    o = cfg.optimizer
-    for key in ("use_precision_aware_optimizer", "fp8_param", "optimizer_cpu_offload"):
-        if getattr(o, key):
-            errs.append(f"optimizer.{key}=true: not supported yet (the native TE backend issue adds it); "
-                        f"set optimizer.{key}=false")
+    o, r = cfg.optimizer, cfg.recipe
+    te = uses_te(cfg)
+    if not o.master_weights and not te:
+        errs.append("optimizer.master_weights=false with backend=emulated: not supported yet (the emulated "
+                    "backend keeps fp32 master weights); use backend=te or optimizer.master_weights=true")
+    if not o.master_weights and (o.use_precision_aware_optimizer or o.fp8_param or o.optimizer_cpu_offload):
+        errs.append("optimizer.master_weights=false with the precision-aware optimizer, fp8_param or CPU "
+                    "offload: those keep master weights; set optimizer.master_weights=true")
+    if te and r.name == "int4_qat":
+        errs.append("recipe=int4_qat with backend=te: not supported yet; use backend=emulated")
     if world_size() > 1:
         errs.append(f"WORLD_SIZE={world_size()}: multi-rank runs are not supported yet; run one process")
     return errs

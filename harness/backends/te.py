@@ -1,0 +1,222 @@
+"""The native backend: Transformer Engine modules under one `te.autocast` (the only call site).
+
+Blocks are fused `te.TransformerLayer`s (LayerNormLinear QKV, fused attention, LayerNormMLP); the
+embeddings, final norm and LM head are plain PyTorch in BF16 (the LM head never quantized). The TE
+recipe object is built from config with every field set explicitly; the `NVTE_*` variables TE reads
+at import are set from config before TE is imported (validation already refused a conflicting
+environment). First/last-N BF16 blocks run inside a nested `te.autocast(enabled=False)`, as
+Megatron does; a block whose stability override names another recipe gets a nested autocast of it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import torch
+import torch.nn as nn
+
+from harness.backends.base import Backend
+from harness.config.schema import Config, RecipeConfig, StabilityConfig
+from harness.config.validate import NVTE_FROM_CONFIG
+from harness.model import GPT
+
+LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+
+
+def set_nvte_env(cfg: Config) -> dict[str, str]:
+    """Set the NVTE_* defaults TE reads at import from config (fields are also set explicitly)."""
+    env = {var: value_of(cfg) for var, value_of in NVTE_FROM_CONFIG.items()}
+    if not cfg.stability.fp8_wgrad:
+        env["NVTE_BACKWARD_OVERRIDE"] = "high_precision"
+    for var, value in env.items():
+        os.environ.setdefault(var, value)
+    return env
+
+
+def load_factory(path: str):
+    module, _, attr = path.partition(":")
+    if not attr:
+        module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_te_recipe(r: RecipeConfig, s: StabilityConfig):
+    """The TE recipe object for `r`, every field explicit; None for BF16 compute (bf16, int4_qat)."""
+    from transformer_engine.common import recipe as R
+
+    fmt = {"e4m3": R.Format.E4M3, "hybrid": R.Format.HYBRID}.get(r.fp8 or "", R.Format.E4M3)
+    backward = None if s.fp8_wgrad else "high_precision"
+    qp = lambda: R.QParams(power_2_scale=r.power_2_scales, amax_epsilon=r.amax_epsilon)  # noqa: E731
+    if r.name == "delayed":
+        return R.DelayedScaling(margin=s.fp8_margin, fp8_format=fmt, amax_history_len=r.fp8_amax_history_len,
+                                amax_compute_algo=r.fp8_amax_compute_algo, reduce_amax=True,
+                                fp8_dpa=False, fp8_mha=False, backward_override=None)
+    if r.name == "tensorwise":
+        rec = R.Float8CurrentScaling(fp8_format=fmt, fp8_dpa=False, fp8_mha=False, backward_override=backward)
+        rec.fp8_quant_fwd_inp, rec.fp8_quant_fwd_weight, rec.fp8_quant_bwd_grad = qp(), qp(), qp()
+        return rec
+    if r.name == "blockwise":
+        rec = R.Float8BlockScaling(fp8_format=fmt, x_block_scaling_dim=r.x_block_dim,
+                                   w_block_scaling_dim=r.w_block_dim, grad_block_scaling_dim=r.grad_block_dim,
+                                   backward_override=backward)
+        rec.fp8_quant_fwd_inp, rec.fp8_quant_fwd_weight, rec.fp8_quant_bwd_grad = qp(), qp(), qp()
+        return rec
+    if r.name == "mxfp8":
+        return R.MXFP8BlockScaling(fp8_format=fmt, backward_override=backward)
+    if r.name == "nvfp4":
+        return R.NVFP4BlockScaling(disable_rht=r.disable_rht,
+                                   disable_stochastic_rounding=r.disable_stochastic_rounding,
+                                   disable_2d_quantization=r.disable_2d_quantization,
+                                   backward_override=backward)
+    if r.name == "custom":
+        return R.CustomRecipe(qfactory=load_factory(r.quantizer_factory), fp8_format=fmt,
+                              backward_override=backward)
+    return None
+
+
+class TEBlock(nn.Module):
+    """One te.TransformerLayer; `context` (None = inherit the outer autocast) overrides its recipe."""
+
+    def __init__(self, cfg: Config, index: int, context=None):
+        super().__init__()
+        import transformer_engine.pytorch as te
+
+        m = cfg.model
+        std, out_std = m.init_method_std, m.init_method_std / math.sqrt(2 * m.num_layers)
+        self.layer = te.TransformerLayer(
+            m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, layernorm_epsilon=m.layernorm_epsilon,
+            hidden_dropout=0.0, attention_dropout=0.0, self_attn_mask_type="causal", attn_input_format="bshd",
+            fuse_qkv_params=True, params_dtype=torch.bfloat16, bias=m.add_bias_linear, activation=m.activation,
+            normalization=m.normalization, layer_number=index + 1, device="cuda",
+            init_method=lambda w: nn.init.normal_(w, 0.0, std),
+            output_layer_init_method=lambda w: nn.init.normal_(w, 0.0, out_std))
+        self.context = context
+
+    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+        if self.context is None:
+            return self.layer(x, rotary_pos_emb=rope)
+        with self.context():
+            return self.layer(x, rotary_pos_emb=rope)
+
+
+class TEOps:
+    """Only the LM head is built through ops: plain BF16 nn.Linear (never quantized)."""
+
+    def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
+        assert name == "lm_head", name
+        return nn.Linear(in_features, out_features, bias=bias)
+
+    def activation(self, name: str, kind: str) -> nn.Module:
+        raise AssertionError("TE blocks own their activation")
+
+
+class TEGPT(GPT):
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        x = self.wte(idx)  # (B, T, C) bf16
+        if self.wpe is not None:
+            x = x + self.wpe.weight[:T]
+        rope = self.rope_emb(T) if self.rope_emb is not None else None
+        for block in self.blocks:
+            x = block(x, rope)
+        return self.lm_head(self.ln_f(x))  # (B, T, V)
+
+
+class TEBackend(Backend):
+    name = "te"
+
+    def __init__(self, cfg: Config, device: torch.device):
+        super().__init__(cfg, device)
+        self.nvte_env = set_nvte_env(cfg)
+        import transformer_engine
+        import transformer_engine.pytorch as te
+
+        self.te, self.te_version = te, transformer_engine.__version__
+        self.recipe = build_te_recipe(cfg.recipe, cfg.stability)
+        self._seen: dict[str, tuple[bool, str | None]] = {}
+
+    def _block_context(self, index: int):
+        """None to inherit the run's autocast; else a nested autocast for this block's own recipe."""
+        recipes = {self._name_of(self.plan.recipe_for(f"blocks.{index}.{lin}")) for lin in LINEARS}
+        if len(recipes) > 1:
+            raise ValueError(f"stability.overrides split block {index} between recipes {sorted(recipes)}: "
+                             "backend=te applies a recipe per block; make the pattern cover whole blocks "
+                             "(e.g. 'blocks.0.*') or use backend=emulated")
+        (name,) = recipes
+        if name == self._name_of(self.cfg.recipe if self.recipe is not None else None):
+            return None
+        if name == "bf16":
+            return lambda: self.te.autocast(enabled=False)
+        from harness.config.store import load_preset
+
+        nested = build_te_recipe(load_preset("recipe", name), self.cfg.stability)
+        return lambda: self.te.autocast(enabled=nested is not None, recipe=nested)
+
+    @staticmethod
+    def _name_of(recipe: RecipeConfig | None) -> str:
+        return "bf16" if recipe is None or recipe.name in ("bf16", "int4_qat") else recipe.name
+
+    def build_model(self) -> nn.Module:
+        cfg = self.cfg
+        fp8_param = cfg.optimizer.fp8_param and self.recipe is not None
+        with self.te.quantized_model_init(enabled=fp8_param, recipe=self.recipe):
+            blocks = nn.ModuleList(TEBlock(cfg, i, self._block_context(i)) for i in range(cfg.model.num_layers))
+        model = TEGPT(cfg.model, TEOps(), blocks=blocks)
+        model.rope_emb = None
+        if cfg.model.position_embedding == "rope":
+            model.rope_emb = self.te.RotaryPositionEmbedding(cfg.model.hidden_size // cfg.model.num_attention_heads)
+        for name, child in model.named_children():
+            if name != "blocks":
+                child.to(device=self.device, dtype=torch.bfloat16)
+        self._install_probes(model)
+        return model
+
+    def autocast(self):
+        return self.te.autocast(enabled=self.recipe is not None, recipe=self.recipe)
+
+    # ---- proof that the recipe is really active ------------------------------------------------
+    def _install_probes(self, model: nn.Module) -> None:
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+
+        def probe(name):
+            def hook(module, args):
+                if name not in self._seen:
+                    enabled = FP8GlobalStateManager.is_fp8_enabled()
+                    rec = FP8GlobalStateManager.get_fp8_recipe() if enabled else None
+                    self._seen[name] = (enabled, type(rec).__name__ if rec is not None else None)
+            return hook
+
+        for i, block in enumerate(model.blocks):
+            block.layer.register_forward_pre_hook(probe(f"blocks.{i}"))
+
+    def verify_active(self, model: nn.Module, step: int) -> None:
+        """Each block ran with the quantization state the plan says; delayed scales moved off 1.0."""
+        for i, block in enumerate(model.blocks):
+            want = self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
+            enabled, rec = self._seen.get(f"blocks.{i}", (None, None))
+            if enabled is None:
+                raise RuntimeError(f"blocks.{i} never ran its forward: cannot prove the recipe is active")
+            if (want != "bf16") != enabled:
+                raise RuntimeError(f"blocks.{i} ran with TE quantization enabled={enabled} but the plan says "
+                                   f"{want}: the recipe is not what the config asked for")
+        if step >= 2 and self.cfg.recipe.name == "delayed":
+            scales = [m.fp8_meta["scaling_fwd"].scale for m in model.modules()
+                      if getattr(m, "fp8_meta", None) and "scaling_fwd" in m.fp8_meta]
+            if not scales or all(bool((s == 1.0).all()) for s in scales):
+                raise RuntimeError("delayed scaling: every forward scale is still 1.0 after "
+                                   f"{step + 1} steps: the amax/scale update is not running")
+
+    def describe(self) -> dict:
+        notes = []
+        if not self.cfg.stability.fp8_wgrad:
+            notes.append("stability.fp8_wgrad=false mapped to TE backward_override=high_precision "
+                         "(dgrad and wgrad both in high precision; TE 2.x ignores --no-fp8-wgrad)")
+        if self.cfg.optimizer.activation_func_fp8_input_store:
+            notes.append("activation_func_fp8_input_store has no effect on TE's LayerNormMLP")
+        return {"backend": "te", "recipe_repr": repr(self.recipe) if self.recipe is not None else "bf16 (no TE "
+                "autocast quantization)", "te_version": self.te_version, "nvte_set": self.nvte_env,
+                "mapping_notes": notes,
+                "block_recipes": {f"blocks.{i}": self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
+                                  for i in range(self.cfg.model.num_layers)}}

@@ -1,0 +1,71 @@
+"""GPU tests (run on the device): the native TE backend trains each Hopper recipe, refuses Blackwell ones."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from tests.helpers import compose_cfg
+
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+needs_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs TE")
+
+GPU_TINY = ["model=gpt_tiny", "model.hidden_size=128", "model.ffn_hidden_size=512", "model.num_attention_heads=2",
+            "hardware=auto", "logger=none", "data=markov", "micro_batch_size=8", "global_batch_size=8",
+            "eval_tokens=4096", "eval_interval=0", "log_interval=10", "checkpoint_interval=-1"]
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("recipe", ["bf16", "delayed", "tensorwise", "blockwise"])
+def test_hopper_recipe_trains_50_steps(tmp_path, recipe):
+    from harness.train import run
+
+    s = run(compose_cfg(*GPU_TINY, "backend=te", f"recipe={recipe}", "steps=50"), tmp_path)
+    assert s.status == "completed" and s.backend == "te"
+    assert math.isfinite(s.final_train_loss) and s.final_train_loss < 5.4
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
+def test_blackwell_recipes_refused_on_hopper_with_reason(recipe):
+    from harness.config.validate import ConfigError, validate
+
+    cfg = compose_cfg(*GPU_TINY, "backend=te", f"recipe={recipe}")
+    from harness.hardware import resolve_hardware
+
+    cfg.hardware = resolve_hardware(cfg.hardware)
+    if cfg.hardware.compute_capability and cfg.hardware.compute_capability >= 10:
+        pytest.skip("this GPU runs Blackwell recipes natively")
+    with pytest.raises(ConfigError, match="compute capability"):
+        validate(cfg)
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
+def test_auto_picks_emulated_for_blackwell_recipes_on_hopper(recipe):
+    from harness.backends.base import resolve_backend_name
+    from harness.backends.capability import te_recipe_available
+
+    ok, reason = te_recipe_available(recipe)
+    if ok:
+        pytest.skip("this GPU runs it natively")
+    assert reason  # TE's own reason
+    assert resolve_backend_name(compose_cfg(*GPU_TINY, f"recipe={recipe}", "backend=auto")) == "emulated"
+
+
+@needs_cuda
+@needs_te
+def test_precision_aware_optimizer_and_fp8_weights_train(tmp_path):
+    from harness.train import run
+
+    s = run(compose_cfg(*GPU_TINY, "backend=te", "recipe=tensorwise", "optimizer=min_memory",
+                        "optimizer.fp8_param=true", "steps=30"), tmp_path)
+    assert s.status == "completed" and math.isfinite(s.final_train_loss)
+    assert s.memory["quantized_copies_gib"] > 0 and s.memory["optimizer_states_gib"] > 0
