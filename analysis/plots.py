@@ -13,7 +13,8 @@ from matplotlib.figure import Figure
 
 from analysis import keys as K
 from analysis.compare import EARLY_FRAC, PUBLIC_ANCHORS, Arm, Group, band_edges
-from analysis.load import Run, load_numerics, numerics_matrix
+from analysis.run import Run
+from analysis.telemetry import load_numerics, numerics_matrix
 
 _COLORS = {
     "bf16": "#222222", "delayed": "#1f77b4", "tensorwise": "#2ca02c", "blockwise": "#17becf",

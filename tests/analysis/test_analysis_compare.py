@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from analysis import keys as K
-from analysis.compare import COLUMNS, compare, first_crossing, smooth
+from analysis.compare import COLUMNS, compare
+from analysis.curves import first_crossing, smooth
 from analysis.load import load_runs
 
 TOKENS_PER_STEP = 8 * 64

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from analysis import keys as K
-from analysis import load
-from analysis.load import RunWarning, load_numerics, load_runs, numerics_matrix
+from analysis import load, telemetry
+from analysis.load import RunWarning, load_runs
+from analysis.telemetry import load_numerics, numerics_matrix
 
 ANALYSIS_DIR = Path(load.__file__).parent
 
@@ -82,7 +83,9 @@ def test_numerics_are_read_only_on_request(tmp_path: Path, run_writer, monkeypat
     run_writer(tmp_path, "1_nvfp4_s0", recipe="nvfp4")
     opened = []
     real = load.parse_jsonl
-    monkeypatch.setattr(load, "parse_jsonl", lambda p, issues: opened.append(p.name) or real(p, issues))
+    spy = lambda p, issues: opened.append(p.name) or real(p, issues)  # noqa: E731
+    monkeypatch.setattr(load, "parse_jsonl", spy)
+    monkeypatch.setattr(telemetry, "parse_jsonl", spy)
     (run,) = load_runs(tmp_path, workers=1)
     assert opened == ["metrics.jsonl"]
     rows = load_numerics(run)
