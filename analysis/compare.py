@@ -27,8 +27,10 @@ groups. Inside a group:
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -106,9 +108,11 @@ class Baseline:
     def native(self) -> list[Run]:
         return [r for r in self.runs if r.is_native]
 
+    @cached_property
     def band(self) -> dict[str, np.ndarray]:
-        """mean, min, max, std over seeds on the grid (std NaN with one seed)."""
-        with np.errstate(invalid="ignore"), _quiet():
+        """mean, min, max, std over seeds on the grid (std NaN where fewer than two seeds have data)."""
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: NaN is the answer
             n = np.isfinite(self.stack).sum(0)
             std = np.nanstd(self.stack, 0, ddof=1) if len(self.runs) > 1 else np.full(self.grid.shape, np.nan)
             return {
@@ -118,25 +122,16 @@ class Baseline:
                 "std": np.where(n > 1, std, np.nan),
             }
 
+    @property
+    def late(self) -> np.ndarray:
+        """Grid points past the first EARLY_FRAC of tokens, where curve statistics are taken."""
+        return self.grid >= EARLY_FRAC * self.grid[-1]
+
     def run_for_seed(self, seed: int | None) -> int | None:
         for i, r in enumerate(self.runs):
             if seed is not None and r.seed == seed and self.curves[i] is not None:
                 return i
         return None
-
-
-class _quiet:
-    """Silence numpy's all-NaN slice warnings: NaN is the intended answer there."""
-
-    def __enter__(self):
-        import warnings
-
-        self._cm = warnings.catch_warnings()
-        self._cm.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
 
 
 def _pick_baseline_variant(bf16: list[Run]) -> str | None:
@@ -228,7 +223,7 @@ def band_edges(band: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def compare_run(run: Run, base: Baseline, window: float, budget: int | None) -> RunResult:
+def compare_run(run: Run, base: Baseline, window: float) -> RunResult:
     in_base = any(run is b for b in base.runs)
     j = None if in_base else base.run_for_seed(run.seed)
     ref_curve = base.curves[j] if j is not None else None
@@ -237,7 +232,7 @@ def compare_run(run: Run, base: Baseline, window: float, budget: int | None) -> 
     else:
         reference = "BF16 mean of seeds " + ", ".join(map(str, base.seeds))
     res = RunResult(run, reference, j is not None, run_curve(run, window))
-    band = base.band()
+    band = base.band
     mean_final = _mean([c.smooth[-1] for c in base.curves if c is not None])
     evals = [r.final_eval_loss for r in base.runs]
     res.ref_final_train = float(ref_curve.smooth[-1]) if ref_curve else mean_final
@@ -246,7 +241,7 @@ def compare_run(run: Run, base: Baseline, window: float, budget: int | None) -> 
         run_g = res.curve.at(base.grid)
         res.gap_vs_mean = run_g - band["mean"]
         res.gap_curve = run_g - base.stack[j] if j is not None else res.gap_vs_mean
-        late = (base.grid >= EARLY_FRAC * (budget or base.grid[-1])) & np.isfinite(res.gap_vs_mean)
+        late = base.late & np.isfinite(res.gap_vs_mean)
         lo, hi = band_edges(band)
         if late.any() and np.isfinite(band["std"][late]).any():
             out = (res.gap_vs_mean[late] < lo[late]) | (res.gap_vs_mean[late] > hi[late])
@@ -275,9 +270,10 @@ def _time_to_target(res: RunResult, base: Baseline, ref_curve: Curve | None) -> 
     if ref_curve is not None:
         res.ref_tokens_at_q = first_crossing(ref_curve.tokens, ref_curve.smooth, q)
     else:  # the BF16 mean curve; it may end a hair above the mean of finals: then its last point
-        mean = base.band()["mean"]
+        mean = base.band["mean"]
         ok = np.isfinite(mean)
-        res.ref_tokens_at_q = first_crossing(base.grid[ok], mean[ok], q) or float(base.grid[ok][-1])
+        crossing = first_crossing(base.grid[ok], mean[ok], q)
+        res.ref_tokens_at_q = crossing if crossing is not None else float(base.grid[ok][-1])
     if c.wall_s is not None and res.tokens_at_q is not None:
         res.wall_at_q = float(np.interp(res.tokens_at_q, c.tokens, c.wall_s))
     native = [x for x, r in zip(base.curves, base.runs, strict=True) if x is not None and r.is_native]
@@ -428,8 +424,8 @@ def _loss_columns(row: dict[str, Any], arm: Arm, base: Baseline) -> None:
     row["gap_metric"] = "loss/eval" if use_eval else "loss/train (smoothed)"
     row["gap_rel"] = row["eval_gap_rel"] if use_eval else row["train_gap_rel"]
     _band_columns(row, arm, base, use_eval)
-    late = base.grid >= EARLY_FRAC * base.grid[-1]
-    rel = [x.gap_curve[late] / base.band()["mean"][late] for x in arm.results if x.gap_curve is not None]
+    late = base.late
+    rel = [x.gap_curve[late] / base.band["mean"][late] for x in arm.results if x.gap_curve is not None]
     rel = [g[np.isfinite(g)] for g in rel]
     row["curve_gap_rel_mean"] = _mean([float(g.mean()) for g in rel if len(g)])
     row["curve_gap_rel_max"] = max((float(g.max()) for g in rel if len(g)), default=None)
@@ -518,7 +514,7 @@ def _compare_group(key: GroupKey, runs: list[Run], all_runs: list[Run], smooth_f
     for (recipe, variant, backend), arm_runs in sorted(arms.items(), key=lambda kv: _arm_order(kv[0], base)):
         role = "baseline" if base and variant == base.variant and recipe == K.BASELINE_RECIPE else "arm"
         arm_runs.sort(key=lambda r: (r.seed is None, r.seed or 0, r.name))
-        results = [compare_run(r, base, window, key.tokens) for r in arm_runs] if base else []
+        results = [compare_run(r, base, window) for r in arm_runs] if base else []
         arm = Arm(key, recipe, variant, backend, role, arm_runs, results)
         arm.row = _arm_row(arm, base, missing)
         group.arms.append(arm)

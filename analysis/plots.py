@@ -84,7 +84,7 @@ def loss_vs_tokens(group: Group) -> Figure:
         if ax.lines:
             ax.legend(fontsize=7)
         return fig
-    band, x = base.band(), base.grid
+    band, x = base.band, base.grid
     ax.fill_between(x, band["min"], band["max"], color="0.6", alpha=0.35, label="BF16 seeds min-max")
     if np.isfinite(band["std"]).any():
         for sign in (-2, 2):
@@ -112,7 +112,7 @@ def loss_gap(group: Group) -> Figure:
     base = group.baseline
     if base is None:
         return _note(fig, f"No BF16 baseline in this group:\n{group.key}\nno gap is computed.")
-    band, x = base.band(), base.grid
+    band, x = base.band, base.grid
     lo, hi = band_edges(band)
     ax.fill_between(x, 100 * lo / band["mean"], 100 * hi / band["mean"], color="0.6", alpha=0.35,
                     label="BF16 band (wider of min-max, ± 2σ)")  # fmt: skip
