@@ -47,12 +47,13 @@ def test_comparison_csv_has_every_column_and_every_arm(report_run, sweep_dir: Pa
         assert len(list(csv.DictReader(f))) == len(list(sweep_dir.rglob("run.json")))
 
 
-def test_figures_are_png_and_svg(report_run) -> None:
+def test_figures_are_png_and_svg(report_run, sweep_dir: Path) -> None:
     _, _, out = report_run
     pngs = sorted((out / "plots").glob("*.png"))
     kinds = {p.stem.rsplit("_", 1)[-1] for p in pngs}
     assert {"loss", "gap", "memory", "pareto"} <= kinds
-    assert any("_numerics_" in p.name for p in pngs)
+    has_telemetry = any(f.stat().st_size for f in sweep_dir.rglob("numerics.jsonl"))
+    assert any("_numerics_" in p.name for p in pngs) == has_telemetry
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert p.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
