@@ -60,7 +60,7 @@ def quantize(x: torch.Tensor, fmt: str, guard: bool = False) -> tuple:
     if fmt in ("fp32", "bf16"):
         return x.to(STORAGE[fmt]), None, None, None
     lo, hi = torch.aminmax(x)  # NaN propagates, as in TE
-    absmax = torch.maximum(-lo, hi).reshape(1)
+    absmax = torch.maximum(hi, -lo).reshape(1)  # all zeros: +0, so s = +0 and scale = +Inf
     s = torch.div(absmax, torch.full_like(absmax, FP8_MAX if fmt == "fp8" else FP16_RANGE))
     if fmt == "fp16":
         x.mul_(torch.where(s > 0, torch.reciprocal(s), torch.zeros_like(s)))
