@@ -158,6 +158,8 @@ class PrecisionAwareAdamW(torch.optim.Optimizer):
                 raise ValueError(f"{name}={value!r}: expected one of {allowed}")
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
+        if any(p.dtype != torch.float32 for g in self.param_groups for p in g["params"]):
+            raise ValueError("PrecisionAwareAdamW expects fp32 parameters (lowp's emulated backend)")
         self.dtypes = {"exp_avg": exp_avg_dtype, "exp_avg_sq": exp_avg_sq_dtype}
         if main_params_dtype == "fp16":
             self.dtypes["master_param"] = "fp16"

@@ -134,6 +134,14 @@ def test_step_from_zero_state_by_hand():
         scale = f32(1) / (np.abs(x).max() / f32(448))
         assert opt.state[p][name + "_scale"].item() == scale
         assert np.array_equal(opt.state[p][name].view(torch.uint8).numpy(), e4m3_codes(x * scale))
+    # step 2 starts from the decoded codes, q * scale_inv, not from the fp32 values above
+    st = opt.state[p]
+    m1 = st["exp_avg"].float().numpy() * st["exp_avg_scale_inv"].item()
+    p.grad = torch.tensor([-1e-3, 5e-3, 0.0, 1e-4])
+    opt.step()
+    m2 = f32(0.9) * m1 + (f32(1) - f32(0.9)) * p.grad.numpy()
+    scale = f32(1) / (np.abs(m2).max() / f32(448))
+    assert np.array_equal(st["exp_avg"].view(torch.uint8).numpy(), e4m3_codes(m2 * scale))
 
 
 def test_fp16_and_bf16_states():
@@ -141,8 +149,8 @@ def test_fp16_and_bf16_states():
     opt = make_opt(model, exp_avg_dtype="bf16", exp_avg_sq_dtype="fp16")
     p = model[0].weight
     fill_grads(model, 0)
-    m32 = (1 - f32(0.9)) * p.grad  # first step from zero: m = (1 - beta1) g in fp32
-    v32 = (1 - f32(0.95)) * p.grad * p.grad
+    m32 = float(1 - f32(0.9)) * p.grad  # first step from zero: m = (1 - beta1) g in fp32
+    v32 = float(1 - f32(0.95)) * p.grad * p.grad
     opt.step()
     st = opt.state[p]
     assert st["exp_avg"].dtype == torch.bfloat16 and torch.equal(st["exp_avg"], m32.bfloat16())
@@ -272,6 +280,8 @@ def test_memory_bytes_and_bad_dtypes():
         make_opt(model, main_params_dtype="bf16")
     with pytest.raises(ValueError, match="exp_avg_dtype"):
         make_opt(model, exp_avg_dtype="fp4")
+    with pytest.raises(ValueError, match="fp32 parameters"):
+        make_opt(mlp().bfloat16())
 
 
 def gpt_tiny_losses(steps: int, **dtypes) -> list[float]:
