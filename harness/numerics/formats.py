@@ -38,18 +38,19 @@ def cast_fp8(v: torch.Tensor, fmt: FP8Format) -> torch.Tensor:
     return v.to(fmt.dtype)
 
 
-def fp8_to_float(q: torch.Tensor, has_nan: bool = True) -> torch.Tensor:
-    """FP8 codes (a float8 tensor) -> fp32 values.
+def fp8_to_float(q: torch.Tensor, has_nan: bool = True) -> tuple[torch.Tensor, float]:
+    """FP8 codes (a float8 tensor) -> (fp32 values / factor, factor); multiply by factor later.
 
     torch's E4M3->fp32 conversion is slow on CPU (about 5x a pointwise op). Without NaN codes an
     E4M3 byte shifted left by 7 is the fp16 bit pattern of value/256 (normals and subnormals
-    alike), and fp16->fp32 is fast; callers pass has_nan=False when the input held no NaN.
+    alike) and fp16->fp32 is fast, so this returns value/256 with factor 256: callers fold the
+    factor into their scale multiply (exact: a power of two). has_nan=False promises no NaN code.
     """
     if q.dtype != torch.float8_e4m3fn or has_nan or q.device.type != "cpu":
-        return q.float()
+        return q.float(), 1.0
     bits = q.view(torch.int8).to(torch.int16)  # sign-extended: bit 14 gets a copy of the sign
     bits = (bits << 7).bitwise_and_(-16385)  # clear bit 14 (0xBFFF): sign at 15, exp/mantissa below
-    return bits.view(torch.float16).float().mul_(256.0)
+    return bits.view(torch.float16).float(), 256.0
 
 
 def fp8_max(fmt: FP8Format) -> float:
@@ -108,42 +109,45 @@ def _e2m1_step(v: torch.Tensor) -> torch.Tensor:
     return (expo - (1 << 23)).view(torch.float32)  # 2^(e-1)
 
 
-def e2m1_round(v: torch.Tensor, generator: torch.Generator | None = None, stochastic: bool = False):
+def e2m1_round(
+    v: torch.Tensor,
+    generator: torch.Generator | None = None,
+    stochastic: bool = False,
+    has_nan: bool = True,
+) -> torch.Tensor:
     """fp32 values (already scaled) -> values on the E2M1 grid, saturating at +-6, in fp32.
 
-    Works in place on v (callers pass their own scaled copy).
-
-    RNE: torch.round is half-to-even on v/step, and the parity of that multiple is the parity of
-    the E2M1 code in every binade. Stochastic: round away from zero with probability equal to the
+    Works in place on v (callers pass their own scaled copy). RNE: torch.round is half-to-even
+    on v/step, and the parity of that multiple is the parity of the E2M1 code in every binade.
+    Stochastic: floor(v/step + u), u ~ U[0, 1): away from zero with probability equal to the
     distance fraction (unbiased). NaN -> +6 (E2M1 has no NaN; satfinite gives max) (I).
     Signed zeros are kept (a tiny negative gives -0, code 8, as TE's kernel).
     """
-    torch.fmin(v, torch.tensor(E2M1_MAX, device=v.device), out=v)  # fmin/fmax: NaN -> +6
-    torch.fmax(v, torch.tensor(-E2M1_MAX, device=v.device), out=v)
-    step = _e2m1_step(v)
+    if has_nan:
+        v.nan_to_num_(nan=E2M1_MAX)
+    v.clamp_(-E2M1_MAX, E2M1_MAX)
+    expo = (v.view(torch.int32) & 0x7F800000).clamp_(min=0x3F800000)  # exponent field, >= 2^0
+    step = expo.sub_(1 << 23).view(torch.float32)  # 2^(e-1): 0.5 below 2, 1 in [2, 4), 2 in [4, 6]
     r = v.div_(step)  # exact: step is a power of two
     if stochastic:
-        lower = torch.floor(r)
-        frac = r.sub_(lower)  # in [0, 1)
-        u = uniform_like(frac, generator)
-        r = lower.add_((u < frac).to(lower.dtype))
+        r = add_uniform_(r, generator).floor_()
     else:
         r = r.round_()
     return r.mul_(step)
 
 
-def uniform_like(t: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """U[0, 1) samples shaped like t, 16 random bits each (the SR resolution of this emulator).
+def add_uniform_(t: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """t += U[0, 1) in place, 16 random bits per element (the SR resolution of this emulator).
 
-    torch.rand costs ~4 pointwise ops per element on a CPU; 16-bit integers drawn two per int32
-    are ~3x cheaper. The bias of 16-bit SR is below 2^-16 of a grid step.
+    On a CPU torch.rand costs several pointwise ops per element; 64-bit random words split into
+    four 16-bit draws are ~3x cheaper. The bias of 16-bit SR is below 2^-16 of a grid step.
     """
-    n = t.numel()
     if t.device.type != "cpu":
-        return torch.rand(t.shape, generator=generator, device=t.device)
-    words = torch.randint(-(2**31), 2**31 - 1, ((n + 1) // 2,), generator=generator, dtype=torch.int32)
-    half = words.view(torch.int16)[:n].view(t.shape).float()  # in [-32768, 32767]
-    return half.add_(32768.5).mul_(1.0 / 65536)
+        return t.add_(torch.rand(t.shape, generator=generator, device=t.device))
+    n = t.numel()
+    words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1, generator=generator)
+    draws = words.view(torch.int16)[:n].view(t.shape).float()  # uniform integers in [-32768, 32767]
+    return t.add_(draws, alpha=1.0 / 65536).add_(32768.5 / 65536)
 
 
 def e2m1_encode(q: torch.Tensor) -> torch.Tensor:

@@ -47,9 +47,6 @@ class NVFP4Quantized(BlockQuantized):
         super().__init__(elems, dec, block, shape, columnwise)
         self.sf, self.amax, self.rht = sf, amax_.reshape(1), rht
 
-    def _values(self) -> torch.Tensor:
-        return self.elems  # already fp32 values on the E2M1 grid
-
     @property
     def data(self) -> torch.Tensor:
         """Rowwise (M, K/2); columnwise (K, M/2) from the transposed codes; two codes per byte."""
@@ -105,7 +102,7 @@ def quantize_nvfp4(
     else:
         br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
     blocks = block_view(pad2d(src, br, bc), br, bc)  # (Mr, br, Kc, bc)
-    block_amax, _ = amax(blocks, dim=(1, 3))  # (Mr, Kc)
+    block_amax, has_nan = amax(blocks, dim=(1, 3))  # (Mr, Kc)
     amax_g = block_amax.max()  # the whole-tensor amax (post-RHT for an RHT copy)
     s_enc = global_encode_scale(amax_g)
     s_dec = torch.div(const(1.0, s_enc), s_enc)
@@ -114,6 +111,6 @@ def quantize_nvfp4(
     k = torch.minimum(torch.div(const(1.0, sf32), sf32 * s_dec), const(FLT_MAX, sf32))  # (Mr, Kc)
     v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
     v = v.mul_(k[:, None, :, None])  # fp32(x * k)
-    q = e2m1_round(v, generator, stochastic).view(blocks.shape[0] * br, -1)  # (Mp, Kp)
+    q = e2m1_round(v, generator, stochastic, has_nan).view(blocks.shape[0] * br, -1)  # (Mp, Kp)
     dec = (sf32 * amax_g) * const(1.0 / GLOBAL_MAX, sf32)  # TE's dequantize: sf * amax / 2688
     return NVFP4Quantized(q, dec, sf, (br, bc), x.shape, columnwise, amax_g, use_rht)

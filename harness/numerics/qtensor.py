@@ -92,17 +92,19 @@ class BlockQuantized(Quantized):
         self.m = math.prod(self.shape[:-1])
         self.k = self.shape[-1]
 
-    def _values(self) -> torch.Tensor:
+    def _values(self) -> tuple[torch.Tensor, float]:
+        """(element values / factor, factor): FP8 decoding may defer a power-of-two factor."""
         from harness.numerics.formats import fp8_to_float
 
         if self.elems.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             return fp8_to_float(self.elems, self.has_nan)
-        return self.elems
+        return self.elems, 1.0
 
     def _dequantize(self) -> torch.Tensor:
-        vals = self._values()
+        vals, factor = self._values()
         blocks = block_view(vals, *self.block)  # (Mp/br, br, Kp/bc, bc)
-        dec = self.dec[:, None, :, None]
+        dec = self.dec if factor == 1.0 else self.dec * factor
+        dec = dec[:, None, :, None]
         out = blocks.mul_(dec) if vals is not self.elems else blocks * dec  # in place when fresh
         return out.view(self.elems.shape)[: self.m, : self.k]
 

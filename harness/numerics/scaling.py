@@ -35,11 +35,14 @@ def amax(x: torch.Tensor, dim=None) -> tuple[torch.Tensor, bool]:
 
     Computed in x's dtype (exact for bf16) then widened. Reduces over `dim` (all dims if None).
     """
-    a = x.abs()
-    m = a.amax() if dim is None else a.amax(dim=dim)
+    if dim is None:  # one pass, no |x| temporary
+        lo, hi = torch.aminmax(x)
+        m = torch.maximum(-lo, hi)
+    else:
+        m = x.abs().amax(dim=dim)
     has_nan = bool(torch.isnan(m).any())
     if has_nan:  # rare: recompute with NaN -> 0 so that it is ignored like fmaxf does
-        a = torch.nan_to_num(a, nan=0.0, posinf=float("inf"))
+        a = torch.nan_to_num(x.abs(), nan=0.0, posinf=float("inf"))
         m = a.amax() if dim is None else a.amax(dim=dim)
     return m.float(), has_nan
 

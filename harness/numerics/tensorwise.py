@@ -28,7 +28,8 @@ class PerTensorQuantized(Quantized):
         self.amax, self.shape, self.columnwise, self.has_nan = amax_, torch.Size(shape), columnwise, has_nan
 
     def _dequantize(self) -> torch.Tensor:
-        return fp8_to_float(self.q, self.has_nan).mul_(self._scale_inv)
+        vals, factor = fp8_to_float(self.q, self.has_nan)
+        return vals.mul_(self._scale_inv * factor if factor != 1.0 else self._scale_inv)
 
     @property
     def data(self) -> torch.Tensor:
