@@ -30,18 +30,40 @@ def const(value: float, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32, device=like.device)
 
 
+# |x| as integers: the bit patterns of non-negative floats order like their values (NaN above Inf),
+# and integer max-reductions over short inner blocks are several times faster than float ones
+_ABS_BITS = {
+    torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80),
+    torch.float16: (torch.int16, 0x7FFF, 0x7C00),
+    torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000),
+}
+
+
 def amax(x: torch.Tensor, dim=None) -> tuple[torch.Tensor, bool]:
     """max|x| as fp32, NaN ignored (TE's fmaxf from 0), and whether x held a NaN.
 
-    Computed in x's dtype (exact for bf16) then widened. Reduces over `dim` (all dims if None).
+    Exact in x's own dtype. Reduces over `dim` (all dims if None).
     """
+    spec = _ABS_BITS.get(x.dtype)
+    if dim is None or spec is None:
+        return _amax_float(x, dim)
+    itype, mask, inf = spec
+    bits = x.view(itype) & mask  # |x| bit patterns
+    m = bits.amax(dim=dim)
+    has_nan = bool((m > inf).any())
+    if has_nan:  # rare: drop NaNs so they are ignored like fmaxf does
+        m = bits.masked_fill_(bits > inf, 0).amax(dim=dim)
+    return m.view(x.dtype).float(), has_nan
+
+
+def _amax_float(x: torch.Tensor, dim=None) -> tuple[torch.Tensor, bool]:
     if dim is None:  # one pass, no |x| temporary
         lo, hi = torch.aminmax(x)
         m = torch.maximum(-lo, hi)
     else:
         m = x.abs().amax(dim=dim)
     has_nan = bool(torch.isnan(m).any())
-    if has_nan:  # rare: recompute with NaN -> 0 so that it is ignored like fmaxf does
+    if has_nan:
         a = torch.nan_to_num(x.abs(), nan=0.0, posinf=float("inf"))
         m = a.amax() if dim is None else a.amax(dim=dim)
     return m.float(), has_nan
