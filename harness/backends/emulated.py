@@ -172,8 +172,11 @@ class EmulatedBackend(Backend):
     def verify_active(self, model: nn.Module, step: int) -> None:
         """Raise if a module the plan quantizes never ran its quantized path."""
         idle = [name for name, q in self.modules.items() if q.calls == 0]
-        if step > 0 and idle:
+        if idle:
             raise RuntimeError(f"recipe {self.cfg.recipe.name}: quantized modules never ran: {idle}")
+        states = self.numerics.forward_states.values()
+        if step > 0 and states and all(bool((s.scale == 1).all()) for s in states):
+            raise RuntimeError("delayed scaling: no scale moved from 1 after the first step")
 
     def state_dict(self) -> dict:
         return self.numerics.state_dict()

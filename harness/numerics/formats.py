@@ -68,14 +68,11 @@ def e8m0_encode(v: torch.Tensor) -> torch.Tensor:
     up to 2^-127 (mantissa <= 0x400000) stay 0, larger ones round up to 1.
     """
     v = v.float()
-    bits = v.view(torch.int32)
-    exp = (bits >> 23) & 0xFF
-    mant = bits & 0x7FFFFF
-    round_up = (mant > 0) & (exp != 0xFE) & ~((exp == 0) & (mant <= 0x400000))
-    e = exp + round_up.to(torch.int32)
-    e = torch.where(v == 0, 0, e)
-    e = torch.where(torch.isinf(v), 0xFE, e)
-    e = torch.where(torch.isnan(v), 0xFF, e)
+    bits = v.view(torch.int32) & 0x7FFFFFFF  # |v|
+    e = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(torch.int32)  # exponent, rounded up
+    e = e.clamp_(max=0xFE)  # 0xFE stays, Inf -> 0xFE (NaN is fixed below)
+    e = torch.where(bits <= 0x400000, 0, e)  # 0 and subnormals up to 2^-127 -> 0
+    e = torch.where(bits > 0x7F800000, 0xFF, e)  # NaN
     return e.to(torch.uint8)
 
 

@@ -7,6 +7,8 @@ is tensor / tensor.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from harness.numerics.formats import E4M3, E5M2, FLT_MAX, FP8Format
@@ -26,8 +28,16 @@ def fp8_format_for(fp8: str | None, role: str) -> FP8Format:
 
 
 def const(value: float, like: torch.Tensor) -> torch.Tensor:
-    """An fp32 scalar tensor on like's device (so arithmetic is tensor-tensor, IEEE fp32)."""
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    """An fp32 scalar tensor on like's device (so arithmetic is tensor-tensor, IEEE fp32).
+
+    Cached: quantizers use a handful of constants thousands of times per step; never mutate it.
+    """
+    return _const(float(value), like.device)
+
+
+@functools.lru_cache(maxsize=256)
+def _const(value: float, device: torch.device) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32, device=device)
 
 
 # |x| as integers: the bit patterns of non-negative floats order like their values (NaN above Inf),
