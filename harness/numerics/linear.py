@@ -7,8 +7,8 @@ numerics.md section 1:
 Operands are quantized from bf16 (activations, bf16(W), incoming bf16 grads), dequantized, and
 multiplied in fp32; every GEMM output is rounded to bf16 as `bf16_linear` does. With
 fp8_wgrad=False the wgrad GEMM takes the bf16 operands instead. The weight's two copies are
-cached per weight version: TE (driven by Megatron's is_first_microbatch) quantizes W once per
-optimizer step, not once per micro-batch.
+cached while bf16(W) is unchanged: TE (driven by Megatron's is_first_microbatch) quantizes W
+once per optimizer step, not once per micro-batch.
 """
 
 from __future__ import annotations
@@ -65,15 +65,19 @@ class QuantizedLinear:
         return row, col
 
     def quantize_weight(self, weight: torch.Tensor, need_columnwise: bool):
-        """Both copies of bf16(W), recomputed only when W changed (its version counter moved)."""
-        key = (weight.data_ptr(), weight._version, weight.device)
+        """Both copies of bf16(W), recomputed only when bf16(W) changed.
+
+        Compared by value, not by version counter: optimizers that write `p.data` do not bump it.
+        W is small next to the activations, so the comparison costs little.
+        """
+        w16 = weight.detach().to(BF16)
         cache = self._weight_cache
-        if cache is None or cache[0] != key or (need_columnwise and cache[2] is None):
-            w16 = weight.detach().to(BF16)
+        stale = cache is None or cache[2].shape != w16.shape or not torch.equal(cache[2], w16)
+        if stale or (need_columnwise and cache[1] is None):
             row, col = quantize_pair(self.quantizers["weight"], w16, True, need_columnwise)
-            self._weight_cache = cache = (key, row, col, w16)
-        self.context.telemetry.add(self.name, "weight", cache[3], cache[1])
-        return cache[1], cache[2]
+            self._weight_cache = cache = (row, col, w16)
+        self.context.telemetry.add(self.name, "weight", cache[2], cache[0])
+        return cache[0], cache[1]
 
     def quantize_grad(self, dy2: torch.Tensor, need_rowwise: bool, need_columnwise: bool):
         row, col = quantize_pair(self.quantizers["grad"], dy2, need_rowwise, need_columnwise)
