@@ -152,6 +152,7 @@ class EmulatedBackend(Backend):
         return quant
 
     def build_model(self) -> nn.Module:
+        self.linear_names, self.modules = [], {}  # describe() and verify_active() see this model
         return GPT(self.cfg.model, EmulatedOps(self)).to(self.device)
 
     def autocast(self) -> contextlib.AbstractContextManager:
