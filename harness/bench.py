@@ -30,33 +30,23 @@ ANCHOR_SHAPES = {"gpt_1b": "1b", "gpt_8b_slice": "8bslice"}
 
 
 def bare_loop(cfg, steps: int = 10, warm: int = 4) -> float:
-    """Median ms of fwd+bwd+step for the harness's own model/optimizer, without the harness loop."""
-    from harness.backends import build_backend
-    from harness.hardware import device_for, resolve_hardware
-    from harness.model import loss_fn
-    from harness.optim import build_optimizer
+    """Median ms of the harness's own train step (same model, optimizer, data, clipping, schedule)
+    timed by bare CUDA events: no metrics processor, no logging, no checks -> the harness's overhead."""
+    from harness.hardware import resolve_hardware
+    from harness.train import Trainer
 
     cfg.hardware = resolve_hardware(cfg.hardware)
-    device = device_for(cfg.hardware)
-    torch.manual_seed(cfg.seed)
-    backend = build_backend(cfg, device)
-    model = backend.build_model()
-    opt = build_optimizer(model, cfg.optimizer, device, backend.name)
-    x = torch.randint(0, cfg.model.vocab_size, (cfg.micro_batch_size, cfg.model.seq_length), device=device)
+    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="lowp-bare-")))
     times = []
-    for i in range(warm + steps):
+    for step in range(warm + steps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        with backend.autocast():
-            loss = loss_fn(model(x), x)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        trainer.train_step(step)
         e.record()
         times.append((s, e))
     torch.cuda.synchronize()
     ms = [s.elapsed_time(e) for s, e in times[warm:]]
-    del model, opt, backend
+    del trainer
     return statistics.median(ms)
 
 

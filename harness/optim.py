@@ -187,7 +187,9 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device: torch.device
                       exp_avg_dtype=TORCH_DTYPES[cfg.exp_avg_dtype],
                       exp_avg_sq_dtype=TORCH_DTYPES[cfg.exp_avg_sq_dtype],
                       use_decoupled_grad=main_grads is not None,
-                      store_param_remainders=cfg.main_params_dtype == "fp32", **hp)
+                      # TE's FP8-state and FP8-param kernels cannot read int16 remainders
+                      store_param_remainders=cfg.main_params_dtype == "fp32" and not cfg.fp8_param
+                      and "fp8" not in (cfg.exp_avg_dtype, cfg.exp_avg_sq_dtype), **hp)
     return Optimizer(inner, params, main_grads)
 
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from harness.backends.base import Backend
 from harness.config.schema import Config, RecipeConfig, StabilityConfig
-from harness.config.validate import NVTE_FROM_CONFIG
+from harness.config.validate import LOWP_SET_NVTE, NVTE_FROM_CONFIG, NVTE_RECIPE
 from harness.model import GPT
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
@@ -27,11 +27,11 @@ LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 
 def set_nvte_env(cfg: Config) -> dict[str, str]:
     """Set the NVTE_* defaults TE reads at import from config (fields are also set explicitly)."""
-    env = {var: value_of(cfg) for var, value_of in NVTE_FROM_CONFIG.items()}
-    if not cfg.stability.fp8_wgrad:
-        env["NVTE_BACKWARD_OVERRIDE"] = "high_precision"
+    env = {var: value_of(cfg) for var, value_of in NVTE_FROM_CONFIG.items() if NVTE_RECIPE[var] == cfg.recipe.name}
     for var, value in env.items():
-        os.environ.setdefault(var, value)
+        if var not in os.environ or LOWP_SET_NVTE.get(var) == os.environ[var]:
+            os.environ[var] = value  # never overrides a user's value (validation refused a conflict)
+            LOWP_SET_NVTE[var] = value
     return env
 
 

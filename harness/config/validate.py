@@ -50,6 +50,8 @@ NVTE_FROM_CONFIG = {
     "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": lambda c: "1" if c.recipe.disable_stochastic_rounding else "0",
     "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": lambda c: "1" if c.recipe.disable_2d_quantization else "0",
 }
+# NVTE_* values lowp itself set in this process (a later run in the same process may change them)
+LOWP_SET_NVTE: dict[str, str] = {}
 NVTE_RECIPE = {
     "NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "blockwise",
     "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": "tensorwise",
@@ -247,7 +249,7 @@ def _te_errors(cfg: Config) -> list[str]:
     for var, value_of in NVTE_FROM_CONFIG.items():
         have = os.environ.get(var)
         want = value_of(cfg)
-        if have is not None and NVTE_RECIPE[var] == r.name and have != want:
+        if have is not None and LOWP_SET_NVTE.get(var) != have and NVTE_RECIPE[var] == r.name and have != want:
             errs.append(
                 f"environment {var}={have} contradicts the config (which sets {var}={want}): unset it and "
                 "choose the behaviour through the recipe fields"
