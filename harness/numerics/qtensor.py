@@ -12,6 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from harness.numerics.formats import fp8_to_float
+
 
 def as_2d(x: torch.Tensor) -> torch.Tensor:
     """(..., K) -> (M, K), the matrix TE's kernels see."""
@@ -94,8 +96,6 @@ class BlockQuantized(Quantized):
 
     def _values(self) -> tuple[torch.Tensor, float]:
         """(element values / factor, factor): FP8 decoding may defer a power-of-two factor."""
-        from harness.numerics.formats import fp8_to_float
-
         if self.elems.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             return fp8_to_float(self.elems, self.has_nan)
         return self.elems, 1.0

@@ -164,3 +164,14 @@ def test_sr_streams_differ_between_copies():
     row = quantize(x, "nvfp4", role="grad", generator=g, disable_rht=True)
     col = quantize(x, "nvfp4", role="grad", columnwise=True, generator=g, disable_rht=True)
     assert row.dequantize().ne(col.dequantize()).any()
+
+
+def test_inf_and_nan_elements():
+    x = torch.ones(16, 32)
+    x[0, 0], x[0, 1], x[5, 20] = float("inf"), -3.0, float("nan")
+    q = quantize_nvfp4(x)
+    # Inf global amax: S_enc = 2688/Inf = 0 -> 1; the Inf block's scale saturates at 448
+    assert q.amax.item() == float("inf") and q.sf[0, 0].float().item() == 448.0
+    assert q.elems[0, 0] == 6.0 and q.elems[0, 1] == 0.0  # -3/448 rounds to -0
+    assert q.elems[5, 20] == 6.0  # NaN -> +6: E2M1 has no NaN, satfinite (I)
+    assert torch.isinf(q.dequantize()[0, 0])  # decodes through amax = Inf
