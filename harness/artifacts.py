@@ -134,7 +134,7 @@ class RunWriter:
     def __init__(self, run_dir: Path):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(self.dir / "metrics.jsonl", "a")
+        self._metrics = open(self.dir / "metrics.jsonl", "w")  # a fresh run starts fresh files
         self._numerics = None
 
     def write_run(self, run: dict) -> None:
@@ -146,7 +146,7 @@ class RunWriter:
 
     def numerics(self, rows: list[dict]) -> None:
         if self._numerics is None:
-            self._numerics = open(self.dir / "numerics.jsonl", "a")
+            self._numerics = open(self.dir / "numerics.jsonl", "w")
         self._numerics.write("".join(dumps(r) + "\n" for r in rows))
         self._numerics.flush()
 

@@ -3,11 +3,15 @@
 A sweep file holds fixed `overrides` (a list of `key=value`) and `params` (`key: comma,separated`
 values swept as a Hydra multirun). Extra command-line overrides win over the file's, e.g.
 `hydra/launcher=slurm` to send the same sweep to a cluster. `--list` shows the sweeps.
+`--report` runs `python -m analysis.report` on the sweep directory once every job has finished
+(the sweep lands in multirun/<name>/<date_time> unless hydra.sweep.dir= says otherwise).
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -33,10 +37,17 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__.strip())
         print("sweeps:", ", ".join(sorted(p.stem for p in SWEEPS.glob("*.yaml"))))
         return
-    from harness import train
-
-    sys.argv = ["harness.train", *sweep_argv(argv[0], argv[1:])]
-    train.main()
+    report = "--report" in argv
+    name, extra = argv[0], [a for a in argv[1:] if a != "--report"]
+    sweep_dir = next((a.split("=", 1)[1] for a in extra if a.startswith("hydra.sweep.dir=")), None)
+    if sweep_dir is None:
+        sweep_dir = f"multirun/{name}/{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+        extra.append(f"hydra.sweep.dir={sweep_dir}")
+    code = subprocess.call([sys.executable, "-m", "harness.train", *sweep_argv(name, extra)])
+    if code != 0:
+        sys.exit(code)
+    if report:
+        sys.exit(subprocess.call([sys.executable, "-m", "analysis.report", sweep_dir]))
 
 
 if __name__ == "__main__":

@@ -150,7 +150,12 @@ class Trainer:
             if step == warm and self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)  # peak of the steady state only
             self.metrics.timer.start()
-            loss, grad_norm, lr = self.train_step(step)
+            try:
+                loss, grad_norm, lr = self.train_step(step)
+            except FloatingPointError as exc:  # e.g. FP8 optimizer states poisoned by an all-zero moment
+                summary.status, summary.diverged_step, summary.divergence_cause = "diverged", step + 1, str(exc)
+                log.warning("diverged at step %d: %s", step + 1, exc)
+                return summary
             self.metrics.timer.stop(step)
             self.metrics.record(step, loss, grad_norm, lr)
             summary.steps, summary.tokens = step + 1, (step + 1) * self.tokens_per_step

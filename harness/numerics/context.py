@@ -26,7 +26,8 @@ class NumericsContext:
         self.first_pending = True  # the next quantized forward is the "first FP8 module"
         self.forward_states: dict[str, DelayedScalingState] = {}
         self.backward_states: dict[str, DelayedScalingState] = {}
-        self.generator = torch.Generator(device=self.device)
+        # a model built on the meta device (shape checks) draws no random numbers: a CPU generator will do
+        self.generator = torch.Generator(device="cpu" if self.device.type == "meta" else self.device)
         self.generator.manual_seed(seed)
         self.telemetry = TelemetrySink()
 

@@ -176,7 +176,27 @@ def make_synthetic_sweep(root: Path) -> Path:
     return sweep
 
 
-SWEEP_SOURCES: dict[str, Callable[[Path], Path]] = {"synthetic": make_synthetic_sweep}
+def make_harness_sweep(root: Path) -> Path:
+    """A tiny real sweep made by the harness's own CLI (Hydra multirun layout): BF16, emulated
+    tensorwise and NVFP4 on gpt_tiny, two seeds each, with numerics telemetry."""
+    import os
+    import subprocess
+    import sys
+
+    sweep = root / "harness_sweep"
+    args = [sys.executable, "-m", "harness.train", "-m", "model=gpt_tiny", "backend=emulated", "hardware=cpu",
+            "steps=12", "log_interval=2", "eval_interval=4", "eval_tokens=2048", "telemetry_interval=4",
+            "micro_batch_size=4", "global_batch_size=4", "data.num_tokens=200000", "logger=none",
+            "recipe=bf16,tensorwise,nvfp4", "seed=0,1", f"hydra.sweep.dir={sweep}"]
+    repo = Path(__file__).resolve().parents[2]
+    res = subprocess.run(args, cwd=repo, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return sweep
+
+
+SWEEP_SOURCES: dict[str, Callable[[Path], Path]] = {"synthetic": make_synthetic_sweep,
+                                                      "harness": make_harness_sweep}
 
 
 @pytest.fixture(scope="session", params=sorted(SWEEP_SOURCES))
