@@ -1,10 +1,10 @@
 """The run directory: the contract between the harness and analysis (architecture.md, Artifacts).
 
-    run.json         resolved config + provenance + W&B id (written when the run starts)
-    metrics.jsonl    one object per logged step (metric keys of harness.metrics)
-    numerics.jsonl   telemetry rows (step, layer, tensor, amax, scale, underflow, saturation, sqnr_db)
-    summary.json     written atomically at the end, also on failure
-    checkpoints/     the latest checkpoint (weights, optimizer, schedule, RNG, data position, scales)
+run.json         resolved config + provenance + W&B id (written when the run starts)
+metrics.jsonl    one object per logged step (metric keys of harness.metrics)
+numerics.jsonl   telemetry rows (step, layer, tensor, amax, scale, underflow, saturation, sqnr_db)
+summary.json     written atomically at the end, also on failure
+checkpoints/     the latest checkpoint (weights, optimizer, schedule, RNG, data position, scales)
 """
 
 from __future__ import annotations

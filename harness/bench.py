@@ -67,8 +67,12 @@ def harness_row(overrides: list[str], out: Path) -> dict:
 
     cfg = OmegaConf.to_object(compose(overrides))
     s = run(cfg, out)
-    return {"summary": {k: v for k, v in vars(s).items()}, "tflops": (s.tokens_per_s or 0) * json.loads(
-        (out / "run.json").read_text())["provenance"]["flops_per_token"] / 1e12}
+    return {
+        "summary": {k: v for k, v in vars(s).items()},
+        "tflops": (s.tokens_per_s or 0)
+        * json.loads((out / "run.json").read_text())["provenance"]["flops_per_token"]
+        / 1e12,
+    }
 
 
 def cleanup() -> None:
@@ -103,11 +107,25 @@ def measure(label: str, overrides: list[str], args, anchor, results: dict) -> No
 
 
 def table(results: dict) -> str:
-    base = next((r for r in results.values() if r.get("summary", {}).get("recipe") == "bf16"
-                 and "error" not in r), None)
+    base = next(
+        (r for r in results.values() if r.get("summary", {}).get("recipe") == "bf16" and "error" not in r),
+        None,
+    )
     base_ms = base["summary"]["step_time_ms"] if base else None
-    head = ("run", "step ms", "tok/s", "TFLOP/s", "MFU bf16", "MFU recipe", "peak GiB", "vs BF16",
-            "anchor ms", "vs anchor", "bare ms", "overhead")
+    head = (
+        "run",
+        "step ms",
+        "tok/s",
+        "TFLOP/s",
+        "MFU bf16",
+        "MFU recipe",
+        "peak GiB",
+        "vs BF16",
+        "anchor ms",
+        "vs anchor",
+        "bare ms",
+        "overhead",
+    )
     rows = [head]
     for label, r in results.items():
         s = r.get("summary")
@@ -116,11 +134,22 @@ def table(results: dict) -> str:
             continue
         ms, a, bare = s["step_time_ms"], (r.get("anchor") or {}).get("step_ms"), r.get("bare_ms")
         f = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
-        rows.append((label, f(ms, ".1f"), f(s["tokens_per_s"], ",.0f"), f(r.get("tflops"), ".0f"),
-                     f(s["mfu_bf16_peak"], ".3f"), f(s["mfu_recipe_peak"], ".3f"), f(s["peak_mem_gib"], ".1f"),
-                     f(base_ms / ms if base_ms else None, ".2f") + "x", f(a, ".1f"),
-                     f(a / ms if a else None, ".3f") + "x", f(bare, ".1f"),
-                     f((ms / bare - 1) * 100 if bare else None, "+.1f") + "%"))
+        rows.append(
+            (
+                label,
+                f(ms, ".1f"),
+                f(s["tokens_per_s"], ",.0f"),
+                f(r.get("tflops"), ".0f"),
+                f(s["mfu_bf16_peak"], ".3f"),
+                f(s["mfu_recipe_peak"], ".3f"),
+                f(s["peak_mem_gib"], ".1f"),
+                f(base_ms / ms if base_ms else None, ".2f") + "x",
+                f(a, ".1f"),
+                f(a / ms if a else None, ".3f") + "x",
+                f(bare, ".1f"),
+                f((ms / bare - 1) * 100 if bare else None, "+.1f") + "%",
+            )
+        )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows)
 
@@ -156,9 +185,14 @@ def main(argv: list[str] | None = None) -> None:
         spec = importlib.util.spec_from_file_location("anchor_gpt", args.anchor)
         anchor = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(anchor)
-    results: dict = {"_meta": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}}
+    results: dict = {
+        "_meta": {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+    }
     for label, overrides in runs.items():
         print(f"[bench] {label}: {' '.join(overrides)}", flush=True)
         measure(label, overrides, args, anchor, results)

@@ -40,8 +40,9 @@ class ValidateSweep(Callback):
         loader = GlobalHydra.instance().config_loader()
         jobs = job_overrides(config)
         for i, overrides in enumerate(jobs):
-            job_cfg = loader.load_configuration(config_name=config.hydra.job.config_name,
-                                                overrides=overrides, run_mode=RunMode.MULTIRUN)
+            job_cfg = loader.load_configuration(
+                config_name=config.hydra.job.config_name, overrides=overrides, run_mode=RunMode.MULTIRUN
+            )
             plain = {k: job_cfg[k] for k in job_cfg if k != "hydra"}
             cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
             cfg.hardware = resolve_hardware(cfg.hardware)

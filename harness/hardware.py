@@ -35,8 +35,13 @@ def resolve_hardware(hw: HardwareConfig) -> HardwareConfig:
     native += ["blockwise"] if cc >= 9.0 else []
     native += ["mxfp8", "nvfp4"] if 10.0 <= cc < 12.0 else []
     props = torch.cuda.get_device_properties(0)
-    return HardwareConfig(name=torch.cuda.get_device_name(), arch="unknown", compute_capability=cc,
-                          memory_gib=round(props.total_memory / 2**30, 1), native_recipes=native)
+    return HardwareConfig(
+        name=torch.cuda.get_device_name(),
+        arch="unknown",
+        compute_capability=cc,
+        memory_gib=round(props.total_memory / 2**30, 1),
+        native_recipes=native,
+    )
 
 
 def device_for(hw: HardwareConfig) -> torch.device:
@@ -44,6 +49,8 @@ def device_for(hw: HardwareConfig) -> torch.device:
     if hw.name == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError(f"hardware={hw.name} but this machine has no CUDA device: use hardware=auto or "
-                         "hardware=cpu (recipes are then emulated)")
+        raise ValueError(
+            f"hardware={hw.name} but this machine has no CUDA device: use hardware=auto or "
+            "hardware=cpu (recipes are then emulated)"
+        )
     return torch.device("cuda")

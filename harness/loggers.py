@@ -7,6 +7,8 @@ x-axis of every metric. wandb is imported lazily: logger=none never touches it.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from pathlib import Path
 
 from harness.config.schema import LoggerConfig
@@ -42,23 +44,48 @@ class WandbLogger:
                 self.run.summary[k] = v
 
     def describe(self) -> dict:
-        return {"run_id": self.run.id, "project": self.run.project, "group": self.run.group,
-                "mode": self.run.settings.mode, "dir": str(self.run.dir), "name": self.run.name}
+        return {
+            "run_id": self.run.id,
+            "project": self.run.project,
+            "group": self.run.group,
+            "mode": self.run.settings.mode,
+            "dir": str(self.run.dir),
+            "name": self.run.name,
+        }
 
 
 @contextlib.contextmanager
-def open_logger(cfg: LoggerConfig, *, run_dir: Path, name: str, group: str | None, job_type: str,
-                tags: list[str], config: dict):
+def open_logger(
+    cfg: LoggerConfig,
+    *,
+    run_dir: Path,
+    name: str,
+    group: str | None,
+    job_type: str,
+    tags: list[str],
+    config: dict,
+):
     """Yield a logger; the W&B run is finished when the block exits (also on failure)."""
     if cfg.name == "none" or cfg.wandb.mode == "disabled":
         yield NullLogger()
         return
+    os.environ.setdefault("WANDB_SILENT", "true")  # lowp prints its own one-line progress
     import wandb
 
     w = cfg.wandb
-    run = wandb.init(project=w.project, entity=w.entity, group=w.group or group, job_type=job_type,
-                     name=name, tags=sorted(set(tags) | set(w.tags)), config=config, dir=str(run_dir),
-                     mode=w.mode, reinit="finish_previous")
+    run = wandb.init(
+        project=w.project,
+        entity=w.entity,
+        group=w.group or group,
+        job_type=job_type,
+        name=name,
+        tags=sorted(set(tags) | set(w.tags)),
+        config=config,
+        dir=str(run_dir),
+        mode=w.mode,
+        reinit="finish_previous",
+    )
+    logging.getLogger("lowp").info("W&B %s run %s in %s", w.mode, run.id, run.dir)
     exit_code = 1
     try:
         yield WandbLogger(run)

@@ -37,9 +37,18 @@ MEGATRON_DEFAULTS = {
 }
 
 SHAPE_FLAGS = (
-    "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--seq-length",
-    "--max-position-embeddings", "--vocab-size", "--normalization", "--swiglu",
-    "--position-embedding-type", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--num-layers",
+    "--hidden-size",
+    "--num-attention-heads",
+    "--ffn-hidden-size",
+    "--seq-length",
+    "--max-position-embeddings",
+    "--vocab-size",
+    "--normalization",
+    "--swiglu",
+    "--position-embedding-type",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
 )
 
 
@@ -80,8 +89,10 @@ def recipe_flags(cfg: Config) -> tuple[list[tuple[str, object]], list[str]]:
     if r.fp8:
         flags += [("--fp8-format", r.fp8), ("--fp8-recipe", r.name)]
         if r.name == "delayed":
-            flags += [("--fp8-amax-history-len", r.fp8_amax_history_len),
-                      ("--fp8-amax-compute-algo", r.fp8_amax_compute_algo)]
+            flags += [
+                ("--fp8-amax-history-len", r.fp8_amax_history_len),
+                ("--fp8-amax-compute-algo", r.fp8_amax_compute_algo),
+            ]
         if r.name == "custom":
             flags.append(("--fp8-quantizer-factory", r.quantizer_factory))
     if r.fp4:
@@ -89,15 +100,20 @@ def recipe_flags(cfg: Config) -> tuple[list[tuple[str, object]], list[str]]:
         if r.name == "custom":
             flags += [("--fp4-recipe", "custom"), ("--fp4-quantizer-factory", r.quantizer_factory)]
     if r.name == "int4_qat":
-        notes.append("# INT4 fake-QAT has no upstream Megatron flag; miles enables it with "
-                     f"OPEN_TRAINING_INT4_FAKE_QAT_FLAG=1 OPEN_TRAINING_INT4_GROUP_SIZE={r.int4_group_size} "
-                     "(routed MoE experts only there; lowp applies it to every block linear)")
+        notes.append(
+            "# INT4 fake-QAT has no upstream Megatron flag; miles enables it with "
+            f"OPEN_TRAINING_INT4_FAKE_QAT_FLAG=1 OPEN_TRAINING_INT4_GROUP_SIZE={r.int4_group_size} "
+            "(routed MoE experts only there; lowp applies it to every block linear)"
+        )
     if r.name == "tensorwise" and r.power_2_scales:
         notes.append("# requires env NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES=1 (no Megatron flag)")
     if r.name == "blockwise" and not r.power_2_scales:
         notes.append("# requires env NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 (no Megatron flag)")
-    for field, var in (("disable_rht", "RHT"), ("disable_stochastic_rounding", "STOCHASTIC_ROUNDING"),
-                       ("disable_2d_quantization", "2D_QUANTIZATION")):
+    for field, var in (
+        ("disable_rht", "RHT"),
+        ("disable_stochastic_rounding", "STOCHASTIC_ROUNDING"),
+        ("disable_2d_quantization", "2D_QUANTIZATION"),
+    ):
         if r.name == "nvfp4" and getattr(r, field):
             notes.append(f"# requires env NVTE_NVFP4_DISABLE_{var}=1 (no Megatron flag)")
 
@@ -105,13 +121,17 @@ def recipe_flags(cfg: Config) -> tuple[list[tuple[str, object]], list[str]]:
         flags.append(("--fp8-margin", s.fp8_margin))
     if not s.fp8_wgrad:
         flags.append(("--no-fp8-wgrad", None))
-        notes.append("# warning: TE 2.x silently ignores --no-fp8-wgrad (DelayedScaling drops "
-                     "override_linear_precision); the wgrad GEMM stays FP8 unless NVTE_BACKWARD_OVERRIDE="
-                     "high_precision (not allowed with delayed scaling)")
+        notes.append(
+            "# warning: TE 2.x silently ignores --no-fp8-wgrad (DelayedScaling drops "
+            "override_linear_precision); the wgrad GEMM stays FP8 unless NVTE_BACKWARD_OVERRIDE="
+            "high_precision (not allowed with delayed scaling)"
+        )
     if s.first_last_layers_bf16:
         flags.append(("--first-last-layers-bf16", None))
-        for flag, v in (("--num-layers-at-start-in-bf16", s.num_layers_at_start_in_bf16),
-                        ("--num-layers-at-end-in-bf16", s.num_layers_at_end_in_bf16)):
+        for flag, v in (
+            ("--num-layers-at-start-in-bf16", s.num_layers_at_start_in_bf16),
+            ("--num-layers-at-end-in-bf16", s.num_layers_at_end_in_bf16),
+        ):
             if v != MEGATRON_DEFAULTS[flag]:
                 flags.append((flag, v))
     if s.overrides:
@@ -128,8 +148,12 @@ def recipe_flags(cfg: Config) -> tuple[list[tuple[str, object]], list[str]]:
         flags.append(("--optimizer-cpu-offload", None))
     if o.use_precision_aware_optimizer:
         flags.append(("--use-precision-aware-optimizer", None))
-        for flag, v in (("--main-grads-dtype", o.main_grads_dtype), ("--main-params-dtype", o.main_params_dtype),
-                        ("--exp-avg-dtype", o.exp_avg_dtype), ("--exp-avg-sq-dtype", o.exp_avg_sq_dtype)):
+        for flag, v in (
+            ("--main-grads-dtype", o.main_grads_dtype),
+            ("--main-params-dtype", o.main_params_dtype),
+            ("--exp-avg-dtype", o.exp_avg_dtype),
+            ("--exp-avg-sq-dtype", o.exp_avg_sq_dtype),
+        ):
             if v != MEGATRON_DEFAULTS[flag]:
                 flags.append((flag, v))
     if o.activation_func_fp8_input_store:
@@ -141,14 +165,23 @@ def training_flags(cfg: Config) -> list[tuple[str, object]]:
     """Optimizer, schedule and batch values, where they differ from Megatron's defaults."""
     o = cfg.optimizer
     values = {
-        "--lr": o.lr, "--min-lr": o.min_lr, "--weight-decay": o.weight_decay,
-        "--adam-beta1": o.betas[0], "--adam-beta2": o.betas[1], "--adam-eps": o.eps,
-        "--clip-grad": o.clip_grad, "--lr-warmup-iters": o.warmup_steps, "--lr-decay-style": "cosine",
+        "--lr": o.lr,
+        "--min-lr": o.min_lr,
+        "--weight-decay": o.weight_decay,
+        "--adam-beta1": o.betas[0],
+        "--adam-beta2": o.betas[1],
+        "--adam-eps": o.eps,
+        "--clip-grad": o.clip_grad,
+        "--lr-warmup-iters": o.warmup_steps,
+        "--lr-decay-style": "cosine",
         "--seed": cfg.seed,
     }
     flags = [(k, v) for k, v in values.items() if v != MEGATRON_DEFAULTS[k]]
-    flags += [("--micro-batch-size", cfg.micro_batch_size), ("--global-batch-size", cfg.global_batch_size),
-              ("--train-iters", cfg.steps)]
+    flags += [
+        ("--micro-batch-size", cfg.micro_batch_size),
+        ("--global-batch-size", cfg.global_batch_size),
+        ("--train-iters", cfg.steps),
+    ]
     return flags
 
 

@@ -13,8 +13,9 @@ def _is_quantized(p) -> bool:
     return any(hasattr(p, a) for a in ("_data", "_rowwise_data", "_columnwise_data"))
 
 
-def breakdown(model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None = None,
-              quantized_bytes: int = 0) -> dict:
+def breakdown(
+    model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None = None, quantized_bytes: int = 0
+) -> dict:
     """GiB per category; activations are what the measured peak leaves unexplained (an estimate)."""
     params = [p for p in model.parameters()]
     plain = sum(_tensor_bytes(p) for p in params if not _is_quantized(p))
@@ -32,8 +33,8 @@ def breakdown(model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None 
         "activations_estimate_gib": None,
         "peak_measured_gib": None,
         "how": "weights, grads, optimizer states and quantized weights counted from the tensors as stored; "
-               "activations = measured peak minus that static total (null where no device allocator "
-               "measures a peak, e.g. on a CPU)",
+        "activations = measured peak minus that static total (null where no device allocator "
+        "measures a peak, e.g. on a CPU)",
     }
     if peak_bytes is not None:
         out["peak_measured_gib"] = peak_bytes / GIB

@@ -70,8 +70,15 @@ class StepTimer:
 class MetricsProcessor:
     """Accumulates per-step tensors on device; emits one row per log step."""
 
-    def __init__(self, *, device: torch.device, tokens_per_step: int, flops_per_token: float,
-                 peak_tflops: float | None, log_interval: int):
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        tokens_per_step: int,
+        flops_per_token: float,
+        peak_tflops: float | None,
+        log_interval: int,
+    ):
         self.device = device
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token

@@ -109,9 +109,11 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.wpe = nn.Embedding(cfg.seq_length, cfg.hidden_size) if cfg.position_embedding == "learned" else None
-        self.blocks = blocks if blocks is not None else nn.ModuleList(
-            Block(cfg, ops, i) for i in range(cfg.num_layers)
+        self.wpe = (
+            nn.Embedding(cfg.seq_length, cfg.hidden_size) if cfg.position_embedding == "learned" else None
+        )
+        self.blocks = (
+            blocks if blocks is not None else nn.ModuleList(Block(cfg, ops, i) for i in range(cfg.num_layers))
         )
         self.ln_f = norm(cfg)
         # untied LM head; stays in high precision under every recipe (numerics.md section 1)

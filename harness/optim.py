@@ -34,8 +34,18 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def _tensor_bytes(t) -> int:
     """Storage bytes, also for TE's quantized tensors (whose nominal dtype is not their storage)."""
-    inner = [getattr(t, a, None) for a in ("_data", "_transpose", "_rowwise_data", "_columnwise_data",
-                                            "_scale_inv", "_rowwise_scale_inv", "_columnwise_scale_inv")]
+    inner = [
+        getattr(t, a, None)
+        for a in (
+            "_data",
+            "_transpose",
+            "_rowwise_data",
+            "_columnwise_data",
+            "_scale_inv",
+            "_rowwise_scale_inv",
+            "_columnwise_scale_inv",
+        )
+    ]
     inner = [x for x in inner if isinstance(x, torch.Tensor)]
     if inner:
         return sum(x.numel() * x.element_size() for x in inner)
@@ -69,8 +79,9 @@ class MainGrads:
 class Optimizer:
     """The training loop's view of any optimizer: grads(), step(), zero_grad(), memory_bytes()."""
 
-    def __init__(self, inner, params: list[nn.Parameter], main_grads: MainGrads | None = None,
-                 decoupled: bool = False):
+    def __init__(
+        self, inner, params: list[nn.Parameter], main_grads: MainGrads | None = None, decoupled: bool = False
+    ):
         self.inner, self.params, self.main_grads, self.decoupled = inner, params, main_grads, decoupled
 
     @property
@@ -114,8 +125,11 @@ class Optimizer:
                     master += _tensor_bytes(value)
                 elif isinstance(value, torch.Tensor) and value.dim() > 0:
                     states += _tensor_bytes(value)
-        grads = self.main_grads.nbytes() if self.main_grads is not None else sum(
-            p.numel() * p.element_size() for p in self.params)
+        grads = (
+            self.main_grads.nbytes()
+            if self.main_grads is not None
+            else sum(p.numel() * p.element_size() for p in self.params)
+        )
         return {"master_weights": master, "optimizer_states": states, "main_grads": grads}
 
 
@@ -155,12 +169,17 @@ class CpuOffloadAdamW:
 
     def memory_bytes(self) -> dict:
         # everything lives in host memory: nothing of it counts against the GPU
-        return {"master_weights": 0, "optimizer_states": 0, "main_grads": 0,
-                "host_bytes": sum(m.numel() * 4 * 3 for m in self.master)}
+        return {
+            "master_weights": 0,
+            "optimizer_states": 0,
+            "main_grads": 0,
+            "host_bytes": sum(m.numel() * 4 * 3 for m in self.master),
+        }
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device: torch.device,
-                    backend: str = "emulated") -> Optimizer:
+def build_optimizer(
+    model: nn.Module, cfg: OptimizerConfig, device: torch.device, backend: str = "emulated"
+) -> Optimizer:
     groups = param_groups(model, cfg.weight_decay)
     params = [p for g in groups for p in g["params"]]
     hp = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
@@ -169,10 +188,15 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device: torch.device
             from harness.precision_adam import PrecisionAwareAdamW, install_main_grad_hooks
 
             install_main_grad_hooks(model, cfg.main_grads_dtype)
-            inner = PrecisionAwareAdamW(groups, weight_decay=cfg.weight_decay, exp_avg_dtype=cfg.exp_avg_dtype,
-                                        exp_avg_sq_dtype=cfg.exp_avg_sq_dtype,
-                                        main_params_dtype=cfg.main_params_dtype,
-                                        main_grads_dtype=cfg.main_grads_dtype, **hp)
+            inner = PrecisionAwareAdamW(
+                groups,
+                weight_decay=cfg.weight_decay,
+                exp_avg_dtype=cfg.exp_avg_dtype,
+                exp_avg_sq_dtype=cfg.exp_avg_sq_dtype,
+                main_params_dtype=cfg.main_params_dtype,
+                main_grads_dtype=cfg.main_grads_dtype,
+                **hp,
+            )
             return Optimizer(inner, params)
         return Optimizer(torch.optim.AdamW(groups, fused=device.type == "cuda", **hp), params)
     if not cfg.master_weights:  # the anchor script's setup: bf16 parameters, no fp32 copy
@@ -182,14 +206,21 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device: torch.device
         return Optimizer(CpuOffloadAdamW(groups, cfg), params, main_grads)
     from transformer_engine.pytorch.optimizers import FusedAdam
 
-    inner = FusedAdam(groups, weight_decay=cfg.weight_decay, adam_w_mode=True, master_weights=True,
-                      master_weight_dtype=TORCH_DTYPES[cfg.main_params_dtype],
-                      exp_avg_dtype=TORCH_DTYPES[cfg.exp_avg_dtype],
-                      exp_avg_sq_dtype=TORCH_DTYPES[cfg.exp_avg_sq_dtype],
-                      use_decoupled_grad=main_grads is not None,
-                      # TE's FP8-state and FP8-param kernels cannot read int16 remainders
-                      store_param_remainders=cfg.main_params_dtype == "fp32" and not cfg.fp8_param
-                      and "fp8" not in (cfg.exp_avg_dtype, cfg.exp_avg_sq_dtype), **hp)
+    inner = FusedAdam(
+        groups,
+        weight_decay=cfg.weight_decay,
+        adam_w_mode=True,
+        master_weights=True,
+        master_weight_dtype=TORCH_DTYPES[cfg.main_params_dtype],
+        exp_avg_dtype=TORCH_DTYPES[cfg.exp_avg_dtype],
+        exp_avg_sq_dtype=TORCH_DTYPES[cfg.exp_avg_sq_dtype],
+        use_decoupled_grad=main_grads is not None,
+        # TE's FP8-state and FP8-param kernels cannot read int16 remainders
+        store_param_remainders=cfg.main_params_dtype == "fp32"
+        and not cfg.fp8_param
+        and "fp8" not in (cfg.exp_avg_dtype, cfg.exp_avg_sq_dtype),
+        **hp,
+    )
     return Optimizer(inner, params, main_grads)
 
 

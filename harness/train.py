@@ -79,8 +79,12 @@ class Trainer:
         self.micro_batches_seen = 0
         self.eval_set = self.data.eval_batches(cfg.eval_tokens, cfg.micro_batch_size)
         self.metrics = M.MetricsProcessor(
-            device=self.device, tokens_per_step=self.tokens_per_step, flops_per_token=self.flops_per_token,
-            peak_tflops=self._peak("bf16"), log_interval=cfg.log_interval)
+            device=self.device,
+            tokens_per_step=self.tokens_per_step,
+            flops_per_token=self.flops_per_token,
+            peak_tflops=self._peak("bf16"),
+            log_interval=cfg.log_interval,
+        )
 
     def _peak(self, dtype: str) -> float | None:
         return (self.cfg.hardware.peak_tflops or {}).get(dtype)
@@ -101,7 +105,11 @@ class Trainer:
         for micro in range(self.accum):
             x, y = self._next_batch()
             with ExitStack() as stack:
-                rows = stack.enter_context(self.backend.collect_telemetry()) if telemetry and micro == 0 else None
+                rows = (
+                    stack.enter_context(self.backend.collect_telemetry())
+                    if telemetry and micro == 0
+                    else None
+                )
                 with self.backend.autocast():
                     loss = loss_fn(self.model(x), y) / self.accum
                 loss.backward()
@@ -133,11 +141,22 @@ class Trainer:
         return torch.stack(losses).mean().item()
 
     def checkpoint(self, step: int) -> None:
-        save_checkpoint(self.run_dir, {
-            "step": step + 1, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "lr_schedule": {"step": step + 1, "cfg": asdict(self.cfg.optimizer), "total_steps": self.cfg.steps},
-            "data_position": {"micro_batches": self.micro_batches_seen, "seed": self.cfg.seed},
-            "recipe_state": self.backend.state_dict(), "config": asdict(self.cfg)})
+        save_checkpoint(
+            self.run_dir,
+            {
+                "step": step + 1,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "lr_schedule": {
+                    "step": step + 1,
+                    "cfg": asdict(self.cfg.optimizer),
+                    "total_steps": self.cfg.steps,
+                },
+                "data_position": {"micro_batches": self.micro_batches_seen, "seed": self.cfg.seed},
+                "recipe_state": self.backend.state_dict(),
+                "config": asdict(self.cfg),
+            },
+        )
 
     def _due(self, interval: int, step: int) -> bool:
         return interval > 0 and (step + 1) % interval == 0 and step + 1 < self.cfg.steps
@@ -153,7 +172,11 @@ class Trainer:
             try:
                 loss, grad_norm, lr = self.train_step(step)
             except FloatingPointError as exc:  # e.g. FP8 optimizer states poisoned by an all-zero moment
-                summary.status, summary.diverged_step, summary.divergence_cause = "diverged", step + 1, str(exc)
+                summary.status, summary.diverged_step, summary.divergence_cause = (
+                    "diverged",
+                    step + 1,
+                    str(exc),
+                )
                 log.warning("diverged at step %d: %s", step + 1, exc)
                 return summary
             self.metrics.timer.stop(step)
@@ -167,7 +190,11 @@ class Trainer:
                 self._emit(row, t0)
                 cause = M.divergence(row, self.metrics.first_loss)
                 if cause:
-                    summary.status, summary.diverged_step, summary.divergence_cause = "diverged", step + 1, cause
+                    summary.status, summary.diverged_step, summary.divergence_cause = (
+                        "diverged",
+                        step + 1,
+                        cause,
+                    )
                     log.warning("diverged at step %d: %s", step + 1, cause)
                     return summary
             if self._due(cfg.eval_interval, step):
@@ -196,8 +223,17 @@ class Trainer:
         done = row[M.STEP]
         eta = (time.perf_counter() - t0) / done * (self.cfg.steps - done)
         tps = row.get(M.TOKENS_PER_S)
-        log.info("step %d/%d  loss %.4f  lr %.2e  %s tok/s  ETA %dm%02ds  %s", done, self.cfg.steps,
-                 row[M.LOSS_TRAIN], row[M.LR], f"{tps:,.0f}" if tps else "-", eta // 60, eta % 60, self.run_dir)
+        log.info(
+            "step %d/%d  loss %.4f  lr %.2e  %s tok/s  ETA %dm%02ds  %s",
+            done,
+            self.cfg.steps,
+            row[M.LOSS_TRAIN],
+            row[M.LR],
+            f"{tps:,.0f}" if tps else "-",
+            eta // 60,
+            eta % 60,
+            self.run_dir,
+        )
 
     def finalize(self, summary: Summary) -> None:
         """Throughput (median of steady-state steps), MFU and memory into the summary."""
@@ -205,8 +241,9 @@ class Trainer:
         ms = self.metrics.timer.median_ms(after_step=min(cfg.bench_warmup_steps, max(summary.steps - 1, 0)))
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         summary.loss_floor = self.data.loss_floor
-        summary.memory = breakdown(self.model, self.optimizer, peak_bytes=peak,
-                                   **self.backend.memory_extras())
+        summary.memory = breakdown(
+            self.model, self.optimizer, peak_bytes=peak, **self.backend.memory_extras()
+        )
         summary.peak_mem_gib = peak / 2**30 if peak is not None else None
         if ms:
             summary.step_time_ms = ms
@@ -230,21 +267,38 @@ def run(cfg: Config, run_dir: Path) -> Summary:
     except ValueError as exc:  # bad data path, vocab, unsupported recipe: config problems, before any work
         raise ConfigError(str(exc)) from exc
     writer = trainer.writer = RunWriter(run_dir)
-    summary = Summary(recipe=cfg.recipe.name, variant=variant(cfg), hardware=cfg.hardware.name,
-                      model=cfg.model.name, data=cfg.data.name, seed=cfg.seed)
+    summary = Summary(
+        recipe=cfg.recipe.name,
+        variant=variant(cfg),
+        hardware=cfg.hardware.name,
+        model=cfg.model.name,
+        data=cfg.data.name,
+        seed=cfg.seed,
+    )
     t0 = time.perf_counter()
     try:
         summary.backend = trainer.backend.name
         run_json = _run_json(cfg, trainer)
         writer.write_run(run_json)
         name = cfg.name or f"{cfg.recipe.name}-s{cfg.seed}"
-        with open_logger(cfg.logger, run_dir=run_dir, name=name, group=_sweep_group(run_dir),
-                         job_type=cfg.recipe.name, tags=[cfg.recipe.name, trainer.backend.name, variant(cfg)],
-                         config=run_json["config"]) as logger:
+        with open_logger(
+            cfg.logger,
+            run_dir=run_dir,
+            name=name,
+            group=_sweep_group(run_dir),
+            job_type=cfg.recipe.name,
+            tags=[cfg.recipe.name, trainer.backend.name, variant(cfg)],
+            config=run_json["config"],
+        ) as logger:
             run_json["wandb"] = logger.describe()
             writer.write_run(run_json)
-            log.info("run dir %s  (backend=%s, recipe=%s, hardware=%s)", run_dir, trainer.backend.name,
-                     cfg.recipe.name, cfg.hardware.name)
+            log.info(
+                "run dir %s  (backend=%s, recipe=%s, hardware=%s)",
+                run_dir,
+                trainer.backend.name,
+                cfg.recipe.name,
+                cfg.hardware.name,
+            )
             trainer.fit(summary, logger)
             trainer.finalize(summary)
             summary.wall_time_s = time.perf_counter() - t0
@@ -262,12 +316,24 @@ def run(cfg: Config, run_dir: Path) -> Summary:
 
 
 def _run_json(cfg: Config, trainer: Trainer) -> dict:
-    prov = provenance(backend=trainer.backend.describe(), hardware=cfg.hardware.name, seed=cfg.seed,
-                      data=trainer.data.describe(), device=trainer.device)
-    prov.update(params=trainer.params, flops_per_token=trainer.flops_per_token,
-                tokens_per_step=trainer.tokens_per_step, grad_accumulation=trainer.accum)
-    return {"config": OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True),
-            "provenance": prov, "wandb": None}
+    prov = provenance(
+        backend=trainer.backend.describe(),
+        hardware=cfg.hardware.name,
+        seed=cfg.seed,
+        data=trainer.data.describe(),
+        device=trainer.device,
+    )
+    prov.update(
+        params=trainer.params,
+        flops_per_token=trainer.flops_per_token,
+        tokens_per_step=trainer.tokens_per_step,
+        grad_accumulation=trainer.accum,
+    )
+    return {
+        "config": OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True),
+        "provenance": prov,
+        "wandb": None,
+    }
 
 
 def _sweep_group(run_dir: Path) -> str | None:
@@ -290,7 +356,8 @@ def _on_sigterm(signum, frame):
 def _concise_warnings() -> None:
     default = warnings.formatwarning
     warnings.formatwarning = lambda msg, cat, *a, **k: (
-        f"warning: {msg}\n" if issubclass(cat, ConfigWarning) else default(msg, cat, *a, **k))
+        f"warning: {msg}\n" if issubclass(cat, ConfigWarning) else default(msg, cat, *a, **k)
+    )
 
 
 register()

@@ -25,8 +25,10 @@ def main(root: str, out: str) -> None:
         cfg = json.loads(run_json.read_text())
         result[str(d.relative_to(root))] = {
             "summary": summary,
-            "provenance": {k: cfg["provenance"].get(k) for k in ("backend", "recipe_repr", "te", "torch",
-                                                                  "gpu_name", "git_sha", "hardware")},
+            "provenance": {
+                k: cfg["provenance"].get(k)
+                for k in ("backend", "recipe_repr", "te", "torch", "gpu_name", "git_sha", "hardware")
+            },
             "train": [[r["step"], r["loss/train"]] for r in metrics if "loss/train" in r],
             "eval": [[r["step"], r["loss/eval"]] for r in metrics if "loss/eval" in r],
         }

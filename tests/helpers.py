@@ -24,13 +24,23 @@ def compose_cfg(*overrides: str):
     return OmegaConf.to_object(compose(list(overrides)))
 
 
-TINY = ["model=gpt_tiny", "steps=12", "log_interval=4", "eval_interval=6", "eval_tokens=2048",
-        "logger=none", "micro_batch_size=4", "global_batch_size=4", "data.num_tokens=200000"]
+TINY = [
+    "model=gpt_tiny",
+    "steps=12",
+    "log_interval=4",
+    "eval_interval=6",
+    "eval_tokens=2048",
+    "logger=none",
+    "micro_batch_size=4",
+    "global_batch_size=4",
+    "data.num_tokens=200000",
+]
 
 
 def run_cli(args: list[str], cwd: Path = REPO, timeout: int = 300, env: dict | None = None):
     import subprocess
 
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", **(env or {})}
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=full_env)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+    )

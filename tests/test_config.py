@@ -36,8 +36,15 @@ def test_groups_have_the_required_presets():
         "data": {"synthetic", "markov", "stdlib_bytes", "memmap", "megatron"},
         "backend": {"te", "emulated", "auto"},
         "logger": {"wandb", "none"},
-        "experiment": {"hopper_fp8", "blackwell_fp8", "blackwell_fp4", "fp8_cpu_offload",
-                       "min_memory_optimizer", "h200_1b", "h200_8b_slice"},
+        "experiment": {
+            "hopper_fp8",
+            "blackwell_fp8",
+            "blackwell_fp4",
+            "fp8_cpu_offload",
+            "min_memory_optimizer",
+            "h200_1b",
+            "h200_8b_slice",
+        },
     }
     for group, names in want.items():
         assert names <= set(presets(group)), group
@@ -60,13 +67,24 @@ def test_schema_rejects_unknown_fields_and_wrong_types(override):
 
 def test_anchor_shapes_match_anchors_md():
     big = compose_cfg("experiment=h200_1b").model
-    assert (big.hidden_size, big.num_layers, big.num_attention_heads, big.ffn_hidden_size, big.seq_length,
-            big.vocab_size) == (2048, 24, 16, 8192, 2048, 50304)
+    assert (
+        big.hidden_size,
+        big.num_layers,
+        big.num_attention_heads,
+        big.ffn_hidden_size,
+        big.seq_length,
+        big.vocab_size,
+    ) == (2048, 24, 16, 8192, 2048, 50304)
     assert compose_cfg("experiment=h200_1b").micro_batch_size == 8
     sl = compose_cfg("experiment=h200_8b_slice")
     m = sl.model
     assert (m.hidden_size, m.num_layers, m.num_attention_heads, m.ffn_hidden_size, m.seq_length) == (
-        4096, 6, 32, 16384, 4096)
+        4096,
+        6,
+        32,
+        16384,
+        4096,
+    )
     assert sl.micro_batch_size == 2 and sl.hardware.name == "h200"
 
 
@@ -76,7 +94,13 @@ def test_recipe_presets_expand_to_te_defaults():
     assert load_preset("recipe", "delayed").fp8 == "hybrid"
     assert load_preset("recipe", "tensorwise").power_2_scales is False
     bw = load_preset("recipe", "blockwise")
-    assert (bw.fp8, bw.power_2_scales, bw.x_block_dim, bw.w_block_dim, bw.grad_block_dim) == ("e4m3", True, 1, 2, 1)
+    assert (bw.fp8, bw.power_2_scales, bw.x_block_dim, bw.w_block_dim, bw.grad_block_dim) == (
+        "e4m3",
+        True,
+        1,
+        2,
+        1,
+    )
     assert load_preset("recipe", "mxfp8").fp8 == "e4m3"
     assert load_preset("recipe", "nvfp4").fp4 == "e2m1"
 
@@ -101,8 +125,9 @@ def test_unknown_preset_keeps_hydras_error():
 
 def test_slurm_launcher_preset_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra import compose as hcompose, initialize_config_dir
 
     from harness.config.store import register
 

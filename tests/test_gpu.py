@@ -14,9 +14,21 @@ pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs TE")
 
-GPU_TINY = ["model=gpt_tiny", "model.hidden_size=128", "model.ffn_hidden_size=512", "model.num_attention_heads=2",
-            "hardware=auto", "logger=none", "data=markov", "micro_batch_size=8", "global_batch_size=8",
-            "eval_tokens=4096", "eval_interval=0", "log_interval=10", "checkpoint_interval=-1"]
+GPU_TINY = [
+    "model=gpt_tiny",
+    "model.hidden_size=128",
+    "model.ffn_hidden_size=512",
+    "model.num_attention_heads=2",
+    "hardware=auto",
+    "logger=none",
+    "data=markov",
+    "micro_batch_size=8",
+    "global_batch_size=8",
+    "eval_tokens=4096",
+    "eval_interval=0",
+    "log_interval=10",
+    "checkpoint_interval=-1",
+]
 
 
 @needs_cuda
@@ -65,7 +77,16 @@ def test_auto_picks_emulated_for_blackwell_recipes_on_hopper(recipe):
 def test_precision_aware_optimizer_and_fp8_weights_train(tmp_path):
     from harness.train import run
 
-    s = run(compose_cfg(*GPU_TINY, "backend=te", "recipe=tensorwise", "optimizer=min_memory",
-                        "optimizer.fp8_param=true", "steps=30"), tmp_path)
+    s = run(
+        compose_cfg(
+            *GPU_TINY,
+            "backend=te",
+            "recipe=tensorwise",
+            "optimizer=min_memory",
+            "optimizer.fp8_param=true",
+            "steps=30",
+        ),
+        tmp_path,
+    )
     assert s.status == "completed" and math.isfinite(s.final_train_loss)
     assert s.memory["quantized_copies_gib"] > 0 and s.memory["optimizer_states_gib"] > 0

@@ -9,19 +9,31 @@ from tests.helpers import compose_cfg, run_cli
 
 # The guide's Configuration Cookbook (Megatron Core Low-Precision Training Guide), verbatim.
 COOKBOOK = {
-    "hopper_fp8": "--bf16 --fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --use-distributed-optimizer",
+    "hopper_fp8": "--bf16 --fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --use-distributed-optimizer",  # noqa: E501
     "blackwell_fp8": "--bf16 --fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather "
-                     "--reuse-grad-buf-for-mxfp8-param-ag --use-distributed-optimizer",
+    "--reuse-grad-buf-for-mxfp8-param-ag --use-distributed-optimizer",
     "blackwell_fp4": "--bf16 --fp4-format e2m1 --fp4-param-gather --first-last-layers-bf16 "
-                     "--num-layers-at-start-in-bf16 2 --num-layers-at-end-in-bf16 2 --use-distributed-optimizer",
+    "--num-layers-at-start-in-bf16 2 --num-layers-at-end-in-bf16 2 --use-distributed-optimizer",
     "fp8_cpu_offload": "--bf16 --fp8-format hybrid --fp8-recipe delayed --fp8-param-gather "
-                       "--use-distributed-optimizer --optimizer-cpu-offload",
+    "--use-distributed-optimizer --optimizer-cpu-offload",
     "min_memory_optimizer": "--use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype fp8 "
-                            "--exp-avg-sq-dtype fp8",
+    "--exp-avg-sq-dtype fp8",
 }
-TRAINING = {"--lr", "--min-lr", "--weight-decay", "--adam-beta1", "--adam-beta2", "--adam-eps", "--clip-grad",
-            "--lr-warmup-iters", "--lr-decay-style", "--seed", "--micro-batch-size", "--global-batch-size",
-            "--train-iters"}
+TRAINING = {
+    "--lr",
+    "--min-lr",
+    "--weight-decay",
+    "--adam-beta1",
+    "--adam-beta2",
+    "--adam-eps",
+    "--clip-grad",
+    "--lr-warmup-iters",
+    "--lr-decay-style",
+    "--seed",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--train-iters",
+}
 
 
 def pairs(argv: list[str]) -> dict[str, str | None]:
@@ -61,16 +73,34 @@ def test_no_fp8_wgrad_prints_flag_and_warning():
 
 
 def test_model_shape_flags():
-    got = pairs(megatron_args(compose_cfg("model=gpt_8b_slice", "model.activation=swiglu",
-                                          "model.position_embedding=rope", "model.normalization=RMSNorm"))[0])
+    got = pairs(
+        megatron_args(
+            compose_cfg(
+                "model=gpt_8b_slice",
+                "model.activation=swiglu",
+                "model.position_embedding=rope",
+                "model.normalization=RMSNorm",
+            )
+        )[0]
+    )
     assert (got["--num-layers"], got["--hidden-size"], got["--ffn-hidden-size"], got["--seq-length"]) == (
-        "6", "4096", "16384", "4096")
-    assert "--swiglu" in got and got["--position-embedding-type"] == "rope" and got["--normalization"] == "RMSNorm"
+        "6",
+        "4096",
+        "16384",
+        "4096",
+    )
+    assert (
+        "--swiglu" in got
+        and got["--position-embedding-type"] == "rope"
+        and got["--normalization"] == "RMSNorm"
+    )
     assert "--untie-embeddings-and-output-weights" in got
 
 
 def test_what_megatron_cannot_express_is_a_comment():
-    text = render(compose_cfg("recipe=int4_qat", "+stability.overrides=[{pattern: 'blocks.0.*', recipe: bf16}]"))
+    text = render(
+        compose_cfg("recipe=int4_qat", "+stability.overrides=[{pattern: 'blocks.0.*', recipe: bf16}]")
+    )
     assert "# INT4 fake-QAT" in text and "OPEN_TRAINING_INT4_FAKE_QAT_FLAG=1" in text
     assert "--te-precision-config-file" in text
     text = render(compose_cfg("recipe=blockwise", "recipe.power_2_scales=false"))

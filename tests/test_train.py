@@ -13,9 +13,29 @@ from harness.train import run
 from tests.helpers import TINY, compose_cfg, run_cli
 
 SUMMARY_FIELDS = {
-    "status", "recipe", "variant", "backend", "hardware", "model", "data", "seed", "steps", "tokens",
-    "final_train_loss", "final_eval_loss", "loss_floor", "tokens_per_s", "step_time_ms", "mfu_bf16_peak",
-    "mfu_recipe_peak", "peak_mem_gib", "memory", "wall_time_s", "diverged_step", "divergence_cause", "error",
+    "status",
+    "recipe",
+    "variant",
+    "backend",
+    "hardware",
+    "model",
+    "data",
+    "seed",
+    "steps",
+    "tokens",
+    "final_train_loss",
+    "final_eval_loss",
+    "loss_floor",
+    "tokens_per_s",
+    "step_time_ms",
+    "mfu_bf16_peak",
+    "mfu_recipe_peak",
+    "peak_mem_gib",
+    "memory",
+    "wall_time_s",
+    "diverged_step",
+    "divergence_cause",
+    "error",
 }
 
 
@@ -37,16 +57,35 @@ def test_run_dir_contract(tiny_run):
     assert run_json["config"]["recipe"]["name"] == "bf16"
     assert run_json["config"]["model"]["num_layers"] == 2  # resolved, not interpolations
     prov = run_json["provenance"]
-    for key in ("git_sha", "git_dirty", "python", "torch", "te", "cuda", "gpu_name", "nvte_env", "recipe_repr",
-                "backend", "hardware", "seed", "data_fingerprint"):
+    for key in (
+        "git_sha",
+        "git_dirty",
+        "python",
+        "torch",
+        "te",
+        "cuda",
+        "gpu_name",
+        "nvte_env",
+        "recipe_repr",
+        "backend",
+        "hardware",
+        "seed",
+        "data_fingerprint",
+    ):
         assert key in prov, key
     assert prov["backend"] == "emulated" and prov["hardware"] == "cpu"
     s = json.loads((d / "summary.json").read_text())
     assert set(s) == SUMMARY_FIELDS
     assert s["tokens"] == 12 * 4 * 64 and s["steps"] == 12
     assert s["loss_floor"] is not None and s["tokens_per_s"] > 0
-    assert set(s["memory"]) >= {"params_gib", "grads_gib", "optimizer_states_gib", "master_weights_gib",
-                                "quantized_copies_gib", "activations_estimate_gib"}
+    assert set(s["memory"]) >= {
+        "params_gib",
+        "grads_gib",
+        "optimizer_states_gib",
+        "master_weights_gib",
+        "quantized_copies_gib",
+        "activations_estimate_gib",
+    }
     rows = read_jsonl(d / "metrics.jsonl")
     train_rows = [r for r in rows if M.LOSS_TRAIN in r]
     assert [r["step"] for r in train_rows] == [1, 4, 8, 12]
@@ -108,8 +147,9 @@ def test_lr_schedule_warmup_and_cosine():
     assert all(a >= b for a, b in zip(mids, mids[1:]))
 
 
-@pytest.mark.parametrize("arch", [["model.activation=swiglu", "model.normalization=RMSNorm",
-                                   "model.position_embedding=rope"]])
+@pytest.mark.parametrize(
+    "arch", [["model.activation=swiglu", "model.normalization=RMSNorm", "model.position_embedding=rope"]]
+)
 def test_swiglu_rmsnorm_rope_train(tmp_path, arch):
     s = run(compose_cfg(*TINY, "steps=6", *arch), tmp_path)
     assert s.status == "completed" and math.isfinite(s.final_train_loss)
@@ -129,14 +169,20 @@ def test_failure_writes_summary_failed(tmp_path, monkeypatch):
 
 
 def test_divergence_is_detected(tmp_path):
-    s = run(compose_cfg(*TINY, "optimizer.lr=1e6", "optimizer.clip_grad=0", "optimizer.warmup_steps=0",
-                        "log_interval=1"), tmp_path)
+    s = run(
+        compose_cfg(
+            *TINY, "optimizer.lr=1e6", "optimizer.clip_grad=0", "optimizer.warmup_steps=0", "log_interval=1"
+        ),
+        tmp_path,
+    )
     assert s.status == "diverged" and s.diverged_step is not None and s.divergence_cause
 
 
 @pytest.mark.slow
 def test_cli_multirun_seeds_writes_two_complete_runs(tmp_path):
-    res = run_cli(["-m", "harness.train", "-m", "recipe=bf16", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path}"])
+    res = run_cli(
+        ["-m", "harness.train", "-m", "recipe=bf16", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path}"]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     runs = sorted(p.parent for p in tmp_path.rglob("run.json"))
     assert len(runs) == 2

@@ -77,21 +77,30 @@ def test_nvfp4_with_new_te_is_fine_on_blackwell():
     validate(compose_cfg("experiment=blackwell_fp4"), for_export=True)
 
 
-@pytest.mark.parametrize("recipe,dim,block", [("tensorwise", 200, 16), ("mxfp8", 272, 32), ("nvfp4", 264, 16)])
+@pytest.mark.parametrize(
+    "recipe,dim,block", [("tensorwise", 200, 16), ("mxfp8", 272, 32), ("nvfp4", 264, 16)]
+)
 def test_gemm_dims_divisibility_for_te(recipe, dim, block):
     hw = "b200" if recipe in ("mxfp8", "nvfp4") else "h100"
-    msg = error_of(f"recipe={recipe}", "backend=te", f"hardware={hw}", f"model.ffn_hidden_size={dim}",
-                   export=True)
+    msg = error_of(
+        f"recipe={recipe}", "backend=te", f"hardware={hw}", f"model.ffn_hidden_size={dim}", export=True
+    )
     assert f"model.ffn_hidden_size={dim}" in msg and str(block) in msg
 
 
 def test_gemm_dims_not_checked_for_emulated():
-    validate(compose_cfg("recipe=tensorwise", "backend=emulated", "model.ffn_hidden_size=200"), for_export=True)
+    validate(
+        compose_cfg("recipe=tensorwise", "backend=emulated", "model.ffn_hidden_size=200"), for_export=True
+    )
 
 
 def test_more_bf16_layers_than_the_model_has():
-    msg = error_of("recipe=tensorwise", "stability=first_last_bf16", "stability.num_layers_at_start_in_bf16=3",
-                   "stability.num_layers_at_end_in_bf16=3")
+    msg = error_of(
+        "recipe=tensorwise",
+        "stability=first_last_bf16",
+        "stability.num_layers_at_start_in_bf16=3",
+        "stability.num_layers_at_end_in_bf16=3",
+    )
     assert "model.num_layers=4" in msg
 
 
@@ -100,13 +109,16 @@ def test_fp8_states_without_precision_aware_optimizer():
     assert "use_precision_aware_optimizer=true" in msg
 
 
-@pytest.mark.parametrize("override,key", [
-    ("recipe.fp8=e5m2", "recipe.fp8"),
-    ("recipe.fp8_amax_compute_algo=mean", "recipe.fp8_amax_compute_algo"),
-    ("optimizer.exp_avg_dtype=int8", "optimizer.exp_avg_dtype"),
-    ("model.activation=relu", "model.activation"),
-    ("backend.name=jax", "backend.name"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("recipe.fp8=e5m2", "recipe.fp8"),
+        ("recipe.fp8_amax_compute_algo=mean", "recipe.fp8_amax_compute_algo"),
+        ("optimizer.exp_avg_dtype=int8", "optimizer.exp_avg_dtype"),
+        ("model.activation=relu", "model.activation"),
+        ("backend.name=jax", "backend.name"),
+    ],
+)
 def test_unknown_names(override, key):
     assert key in error_of(override, export=True)
 
@@ -144,16 +156,19 @@ def test_batch_divisibility():
     assert "global_batch_size=10" in error_of("global_batch_size=10", "micro_batch_size=4")
 
 
-@pytest.mark.parametrize("overrides", [["optimizer=bf16_params", "backend=emulated"],
-                                       ["recipe=int4_qat", "backend=te", "hardware=h100"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [["optimizer=bf16_params", "backend=emulated"], ["recipe=int4_qat", "backend=te", "hardware=h100"]],
+)
 def test_not_supported_yet_fails_clearly(overrides):
     assert "not supported yet" in error_of(*overrides)
 
 
 def test_cli_error_is_one_line_exit_2_and_writes_nothing(tmp_path):
     out = tmp_path / "run"
-    res = run_cli(["-m", "harness.train", "recipe=tensorwise", "recipe.fp4=e2m1", "logger=none",
-                   f"hydra.run.dir={out}"])
+    res = run_cli(
+        ["-m", "harness.train", "recipe=tensorwise", "recipe.fp4=e2m1", "logger=none", f"hydra.run.dir={out}"]
+    )
     assert res.returncode == 2, res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "recipe.fp4=e2m1" in errors[0]
@@ -161,8 +176,19 @@ def test_cli_error_is_one_line_exit_2_and_writes_nothing(tmp_path):
 
 
 def test_multirun_validates_every_job_before_the_first(tmp_path):
-    res = run_cli(["-m", "harness.train", "-m", "model=gpt_tiny", "steps=2", "logger=none",
-                   "recipe=bf16,delayed", "stability=none,first_last_bf16", f"hydra.sweep.dir={tmp_path}"])
+    res = run_cli(
+        [
+            "-m",
+            "harness.train",
+            "-m",
+            "model=gpt_tiny",
+            "steps=2",
+            "logger=none",
+            "recipe=bf16,delayed",
+            "stability=none,first_last_bf16",
+            f"hydra.sweep.dir={tmp_path}",
+        ]
+    )
     assert res.returncode == 2, res.stderr[-2000:]
     assert "first_last_layers_bf16" in res.stderr
     assert not list(tmp_path.rglob("run.json"))  # job 0 (bf16, none) was valid but never started

@@ -27,7 +27,11 @@ LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 
 def set_nvte_env(cfg: Config) -> dict[str, str]:
     """Set the NVTE_* defaults TE reads at import from config (fields are also set explicitly)."""
-    env = {var: value_of(cfg) for var, value_of in NVTE_FROM_CONFIG.items() if NVTE_RECIPE[var] == cfg.recipe.name}
+    env = {
+        var: value_of(cfg)
+        for var, value_of in NVTE_FROM_CONFIG.items()
+        if NVTE_RECIPE[var] == cfg.recipe.name
+    }
     for var, value in env.items():
         if var not in os.environ or LOWP_SET_NVTE.get(var) == os.environ[var]:
             os.environ[var] = value  # never overrides a user's value (validation refused a conflict)
@@ -50,29 +54,43 @@ def build_te_recipe(r: RecipeConfig, s: StabilityConfig):
     backward = None if s.fp8_wgrad else "high_precision"
     qp = lambda: R.QParams(power_2_scale=r.power_2_scales, amax_epsilon=r.amax_epsilon)  # noqa: E731
     if r.name == "delayed":
-        return R.DelayedScaling(margin=s.fp8_margin, fp8_format=fmt, amax_history_len=r.fp8_amax_history_len,
-                                amax_compute_algo=r.fp8_amax_compute_algo, reduce_amax=True,
-                                fp8_dpa=False, fp8_mha=False, backward_override=None)
+        return R.DelayedScaling(
+            margin=s.fp8_margin,
+            fp8_format=fmt,
+            amax_history_len=r.fp8_amax_history_len,
+            amax_compute_algo=r.fp8_amax_compute_algo,
+            reduce_amax=True,
+            fp8_dpa=False,
+            fp8_mha=False,
+            backward_override=None,
+        )
     if r.name == "tensorwise":
         rec = R.Float8CurrentScaling(fp8_format=fmt, fp8_dpa=False, fp8_mha=False, backward_override=backward)
         rec.fp8_quant_fwd_inp, rec.fp8_quant_fwd_weight, rec.fp8_quant_bwd_grad = qp(), qp(), qp()
         return rec
     if r.name == "blockwise":
-        rec = R.Float8BlockScaling(fp8_format=fmt, x_block_scaling_dim=r.x_block_dim,
-                                   w_block_scaling_dim=r.w_block_dim, grad_block_scaling_dim=r.grad_block_dim,
-                                   backward_override=backward)
+        rec = R.Float8BlockScaling(
+            fp8_format=fmt,
+            x_block_scaling_dim=r.x_block_dim,
+            w_block_scaling_dim=r.w_block_dim,
+            grad_block_scaling_dim=r.grad_block_dim,
+            backward_override=backward,
+        )
         rec.fp8_quant_fwd_inp, rec.fp8_quant_fwd_weight, rec.fp8_quant_bwd_grad = qp(), qp(), qp()
         return rec
     if r.name == "mxfp8":
         return R.MXFP8BlockScaling(fp8_format=fmt, backward_override=backward)
     if r.name == "nvfp4":
-        return R.NVFP4BlockScaling(disable_rht=r.disable_rht,
-                                   disable_stochastic_rounding=r.disable_stochastic_rounding,
-                                   disable_2d_quantization=r.disable_2d_quantization,
-                                   backward_override=backward)
+        return R.NVFP4BlockScaling(
+            disable_rht=r.disable_rht,
+            disable_stochastic_rounding=r.disable_stochastic_rounding,
+            disable_2d_quantization=r.disable_2d_quantization,
+            backward_override=backward,
+        )
     if r.name == "custom":
-        return R.CustomRecipe(qfactory=load_factory(r.quantizer_factory), fp8_format=fmt,
-                              backward_override=backward)
+        return R.CustomRecipe(
+            qfactory=load_factory(r.quantizer_factory), fp8_format=fmt, backward_override=backward
+        )
     return None
 
 
@@ -86,12 +104,24 @@ class TEBlock(nn.Module):
         m = cfg.model
         std, out_std = m.init_method_std, m.init_method_std / math.sqrt(2 * m.num_layers)
         self.layer = te.TransformerLayer(
-            m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, layernorm_epsilon=m.layernorm_epsilon,
-            hidden_dropout=0.0, attention_dropout=0.0, self_attn_mask_type="causal", attn_input_format="bshd",
-            fuse_qkv_params=True, params_dtype=torch.bfloat16, bias=m.add_bias_linear, activation=m.activation,
-            normalization=m.normalization, layer_number=index + 1, device="cuda",
+            m.hidden_size,
+            m.ffn_hidden_size,
+            m.num_attention_heads,
+            layernorm_epsilon=m.layernorm_epsilon,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            self_attn_mask_type="causal",
+            attn_input_format="bshd",
+            fuse_qkv_params=True,
+            params_dtype=torch.bfloat16,
+            bias=m.add_bias_linear,
+            activation=m.activation,
+            normalization=m.normalization,
+            layer_number=index + 1,
+            device="cuda",
             init_method=lambda w: nn.init.normal_(w, 0.0, std),
-            output_layer_init_method=lambda w: nn.init.normal_(w, 0.0, out_std))
+            output_layer_init_method=lambda w: nn.init.normal_(w, 0.0, out_std),
+        )
         self.context = context
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
@@ -141,9 +171,11 @@ class TEBackend(Backend):
         """None to inherit the run's autocast; else a nested autocast for this block's own recipe."""
         recipes = {self._name_of(self.plan.recipe_for(f"blocks.{index}.{lin}")) for lin in LINEARS}
         if len(recipes) > 1:
-            raise ValueError(f"stability.overrides split block {index} between recipes {sorted(recipes)}: "
-                             "backend=te applies a recipe per block; make the pattern cover whole blocks "
-                             "(e.g. 'blocks.0.*') or use backend=emulated")
+            raise ValueError(
+                f"stability.overrides split block {index} between recipes {sorted(recipes)}: "
+                "backend=te applies a recipe per block; make the pattern cover whole blocks "
+                "(e.g. 'blocks.0.*') or use backend=emulated"
+            )
         (name,) = recipes
         if name == self._name_of(self.cfg.recipe if self.recipe is not None else None):
             return None
@@ -162,11 +194,15 @@ class TEBackend(Backend):
         cfg = self.cfg
         fp8_param = cfg.optimizer.fp8_param and self.recipe is not None
         with self.te.quantized_model_init(enabled=fp8_param, recipe=self.recipe):
-            blocks = nn.ModuleList(TEBlock(cfg, i, self._block_context(i)) for i in range(cfg.model.num_layers))
+            blocks = nn.ModuleList(
+                TEBlock(cfg, i, self._block_context(i)) for i in range(cfg.model.num_layers)
+            )
         model = TEGPT(cfg.model, TEOps(), blocks=blocks)
         model.rope_emb = None
         if cfg.model.position_embedding == "rope":
-            model.rope_emb = self.te.RotaryPositionEmbedding(cfg.model.hidden_size // cfg.model.num_attention_heads)
+            model.rope_emb = self.te.RotaryPositionEmbedding(
+                cfg.model.hidden_size // cfg.model.num_attention_heads
+            )
         for name, child in model.named_children():
             if name != "blocks":
                 child.to(device=self.device, dtype=torch.bfloat16)
@@ -186,6 +222,7 @@ class TEBackend(Backend):
                     enabled = FP8GlobalStateManager.is_fp8_enabled()
                     rec = FP8GlobalStateManager.get_fp8_recipe() if enabled else None
                     self._seen[name] = (enabled, type(rec).__name__ if rec is not None else None)
+
             return hook
 
         for i, block in enumerate(model.blocks):
@@ -193,30 +230,47 @@ class TEBackend(Backend):
 
     def verify_active(self, model: nn.Module, step: int) -> None:
         """Each block ran with the quantization state the plan says; delayed scales moved off 1.0."""
-        for i, block in enumerate(model.blocks):
+        for i in range(len(model.blocks)):
             want = self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
             enabled, rec = self._seen.get(f"blocks.{i}", (None, None))
             if enabled is None:
                 raise RuntimeError(f"blocks.{i} never ran its forward: cannot prove the recipe is active")
             if (want != "bf16") != enabled:
-                raise RuntimeError(f"blocks.{i} ran with TE quantization enabled={enabled} but the plan says "
-                                   f"{want}: the recipe is not what the config asked for")
+                raise RuntimeError(
+                    f"blocks.{i} ran with TE quantization enabled={enabled} but the plan says "
+                    f"{want}: the recipe is not what the config asked for"
+                )
         if step >= 2 and self.cfg.recipe.name == "delayed":
-            scales = [m.fp8_meta["scaling_fwd"].scale for m in model.modules()
-                      if getattr(m, "fp8_meta", None) and "scaling_fwd" in m.fp8_meta]
+            scales = [
+                m.fp8_meta["scaling_fwd"].scale
+                for m in model.modules()
+                if getattr(m, "fp8_meta", None) and "scaling_fwd" in m.fp8_meta
+            ]
             if not scales or all(bool((s == 1.0).all()) for s in scales):
-                raise RuntimeError("delayed scaling: every forward scale is still 1.0 after "
-                                   f"{step + 1} steps: the amax/scale update is not running")
+                raise RuntimeError(
+                    "delayed scaling: every forward scale is still 1.0 after "
+                    f"{step + 1} steps: the amax/scale update is not running"
+                )
 
     def describe(self) -> dict:
         notes = []
         if not self.cfg.stability.fp8_wgrad:
-            notes.append("stability.fp8_wgrad=false mapped to TE backward_override=high_precision "
-                         "(dgrad and wgrad both in high precision; TE 2.x ignores --no-fp8-wgrad)")
+            notes.append(
+                "stability.fp8_wgrad=false mapped to TE backward_override=high_precision "
+                "(dgrad and wgrad both in high precision; TE 2.x ignores --no-fp8-wgrad)"
+            )
         if self.cfg.optimizer.activation_func_fp8_input_store:
             notes.append("activation_func_fp8_input_store has no effect on TE's LayerNormMLP")
-        return {"backend": "te", "recipe_repr": repr(self.recipe) if self.recipe is not None else "bf16 (no TE "
-                "autocast quantization)", "te_version": self.te_version, "nvte_set": self.nvte_env,
-                "mapping_notes": notes,
-                "block_recipes": {f"blocks.{i}": self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
-                                  for i in range(self.cfg.model.num_layers)}}
+        return {
+            "backend": "te",
+            "recipe_repr": repr(self.recipe)
+            if self.recipe is not None
+            else "bf16 (no TE autocast quantization)",
+            "te_version": self.te_version,
+            "nvte_set": self.nvte_env,
+            "mapping_notes": notes,
+            "block_recipes": {
+                f"blocks.{i}": self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
+                for i in range(self.cfg.model.num_layers)
+            },
+        }

@@ -8,7 +8,7 @@ Plain dataclasses only: no Hydra import here, so the numerics package can use th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 RECIPES = ("bf16", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", "int4_qat", "custom")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
@@ -23,9 +23,9 @@ class RecipeConfig:
 
     name: str = "bf16"
     """bf16, delayed, tensorwise, blockwise, mxfp8, nvfp4, int4_qat or custom."""
-    fp8: Optional[str] = None
+    fp8: str | None = None
     """FP8 format (Megatron --fp8-format): e4m3, or hybrid (E4M3 forward, E5M2 gradients); null = off."""
-    fp4: Optional[str] = None
+    fp4: str | None = None
     """FP4 format (Megatron --fp4-format): e2m1; null = off. Exclusive with `fp8`."""
     fp8_amax_history_len: int = 1024
     """Delayed scaling: amax history length (the guide's 1024; Megatron's argparse default is 1)."""
@@ -49,7 +49,7 @@ class RecipeConfig:
     """NVFP4: quantize weights in 1x16 blocks instead of 16x16 tiles."""
     int4_group_size: int = 128
     """INT4 fake-QAT: group size along the input dim (miles: 128, Kimi-K2 32)."""
-    quantizer_factory: Optional[str] = None
+    quantizer_factory: str | None = None
     """custom: import path `module:function` of `factory(role, recipe_cfg) -> quantizer`."""
 
 
@@ -79,7 +79,7 @@ class StabilityConfig:
     """How many blocks at the start stay BF16 when first_last_layers_bf16."""
     num_layers_at_end_in_bf16: int = 1
     """How many blocks at the end stay BF16 when first_last_layers_bf16."""
-    overrides: List[ModuleOverride] = field(default_factory=list)
+    overrides: list[ModuleOverride] = field(default_factory=list)
     """Per-module overrides by name pattern, applied in order (last match wins)."""
 
 
@@ -95,7 +95,7 @@ class OptimizerConfig:
     """Learning rate at the end of the cosine decay."""
     weight_decay: float = 0.1
     """Decoupled weight decay (AdamW), on matrices only."""
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     """Adam beta1, beta2."""
     eps: float = 1e-8
     """Adam epsilon."""
@@ -135,19 +135,17 @@ class HardwareConfig:
     """cpu, a100, h100, h200, b200, gb200, or auto (detect)."""
     arch: str = "cpu"
     """Architecture family: cpu, ampere, hopper, blackwell."""
-    compute_capability: Optional[float] = None
+    compute_capability: float | None = None
     """CUDA compute capability (9.0 Hopper, 10.0 Blackwell); null on a CPU."""
-    peak_tflops: Dict[str, Optional[float]] = field(
+    peak_tflops: dict[str, float | None] = field(
         default_factory=lambda: {"bf16": None, "fp8": None, "fp4": None}
     )
     """Dense peak TFLOP/s per dtype from the vendor datasheet (null = none)."""
-    measured_tflops: Dict[str, Optional[float]] = field(
-        default_factory=lambda: {"bf16": None, "fp8": None}
-    )
+    measured_tflops: dict[str, float | None] = field(default_factory=lambda: {"bf16": None, "fp8": None})
     """GEMM ceilings measured on this part (anchors.md), where known."""
-    memory_gib: Optional[float] = None
+    memory_gib: float | None = None
     """Device memory in GiB."""
-    native_recipes: List[str] = field(default_factory=lambda: ["bf16"])
+    native_recipes: list[str] = field(default_factory=lambda: ["bf16"])
     """Recipes TE runs natively on this hardware."""
 
 
@@ -189,15 +187,15 @@ class DataConfig:
 
     name: str = "markov"
     """synthetic, markov, stdlib_bytes, memmap or megatron."""
-    path: Optional[str] = None
+    path: str | None = None
     """memmap: a .bin file or a directory with train.bin/val.bin; megatron: dataset prefix."""
-    eval_path: Optional[str] = None
+    eval_path: str | None = None
     """Optional separate eval file/prefix (else the last eval_fraction is held out)."""
     eval_fraction: float = 0.05
     """Fraction of the token stream held out for eval when there is no eval_path."""
     seed: int = 1234
     """Seed of the source itself (markov transition matrix, synthetic stream)."""
-    vocab_size: Optional[int] = None
+    vocab_size: int | None = None
     """Source vocabulary (markov/synthetic); null = the model's vocab_size."""
     alpha: float = 0.05
     """markov: Dirichlet concentration of each transition row (small = more structure)."""
@@ -225,11 +223,11 @@ class WandbConfig:
     """offline (files to `wandb sync`), online, or disabled."""
     project: str = "lowp"
     """W&B project."""
-    entity: Optional[str] = None
+    entity: str | None = None
     """W&B entity (team or user)."""
-    group: Optional[str] = None
+    group: str | None = None
     """Run group; null = the sweep directory's name for multiruns."""
-    tags: List[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
     """Extra tags (recipe and backend are always added)."""
 
 
@@ -255,7 +253,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    name: Optional[str] = None
+    name: str | None = None
     """Run name (W&B name); null = derived from recipe and seed."""
     seed: int = 0
     """Seed of init, data order and stochastic rounding."""
@@ -279,5 +277,5 @@ class Config:
     """Steps excluded from throughput and peak memory."""
     dtype: str = "bf16"
     """Activation/compute dtype."""
-    extras: Dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
     """Free-form tags recorded with the run (not used by the harness)."""

@@ -163,11 +163,16 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
             )
     for ov in s.overrides:
         if ov.recipe not in schema.RECIPES:
-            errs.append(f"stability.overrides pattern={ov.pattern} recipe={ov.recipe}: unknown; use bf16 "
-                        f"or one of {list(schema.RECIPES)}")
+            errs.append(
+                f"stability.overrides pattern={ov.pattern} recipe={ov.recipe}: unknown; use bf16 "
+                f"or one of {list(schema.RECIPES)}"
+            )
 
-    low_states = [k for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype", "main_params_dtype")
-                  if getattr(o, k) != "fp32"]
+    low_states = [
+        k
+        for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype", "main_params_dtype")
+        if getattr(o, k) != "fp32"
+    ]
     if low_states and not o.use_precision_aware_optimizer:
         errs.append(
             f"optimizer.{low_states[0]}={getattr(o, low_states[0])} needs the precision-aware optimizer: "
@@ -179,16 +184,20 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
             "optimizer CPU offload; use recipe=delayed or optimizer.optimizer_cpu_offload=false"
         )
     if o.optimizer_cpu_offload and r.name == "nvfp4":
-        errs.append("optimizer.optimizer_cpu_offload=true with recipe=nvfp4: not supported by Megatron; "
-                    "use recipe=delayed or optimizer.optimizer_cpu_offload=false")
+        errs.append(
+            "optimizer.optimizer_cpu_offload=true with recipe=nvfp4: not supported by Megatron; "
+            "use recipe=delayed or optimizer.optimizer_cpu_offload=false"
+        )
     if o.fp8_param and world_size() > 1 and not o.use_distributed_optimizer:
         errs.append(
             f"optimizer.fp8_param=true across {world_size()} ranks needs optimizer.use_distributed_optimizer"
             "=true (or FSDP): set it"
         )
     if o.fp8_param and r.name in ("bf16", "int4_qat"):
-        errs.append(f"optimizer.fp8_param=true with recipe={r.name}: there is no quantized weight to keep; "
-                    "pick an FP8/FP4 recipe or set optimizer.fp8_param=false")
+        errs.append(
+            f"optimizer.fp8_param=true with recipe={r.name}: there is no quantized weight to keep; "
+            "pick an FP8/FP4 recipe or set optimizer.fp8_param=false"
+        )
 
     if cfg.global_batch_size % (cfg.micro_batch_size * world_size()) != 0:
         errs.append(
@@ -196,8 +205,10 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
             f"{cfg.micro_batch_size} x {world_size()} ranks: make it one"
         )
     if m.hidden_size % m.num_attention_heads != 0:
-        errs.append(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
-                    f"{m.num_attention_heads}: change one of them")
+        errs.append(
+            f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
+            f"{m.num_attention_heads}: change one of them"
+        )
     if m.position_embedding == "rope" and (m.hidden_size // max(m.num_attention_heads, 1)) % 2:
         errs.append("model.position_embedding=rope needs an even head dim (hidden_size/num_attention_heads)")
     if cfg.steps < 1:
@@ -249,7 +260,12 @@ def _te_errors(cfg: Config) -> list[str]:
     for var, value_of in NVTE_FROM_CONFIG.items():
         have = os.environ.get(var)
         want = value_of(cfg)
-        if have is not None and LOWP_SET_NVTE.get(var) != have and NVTE_RECIPE[var] == r.name and have != want:
+        if (
+            have is not None
+            and LOWP_SET_NVTE.get(var) != have
+            and NVTE_RECIPE[var] == r.name
+            and have != want
+        ):
             errs.append(
                 f"environment {var}={have} contradicts the config (which sets {var}={want}): unset it and "
                 "choose the behaviour through the recipe fields"
@@ -263,11 +279,15 @@ def support_errors(cfg: Config) -> list[str]:
     o, r = cfg.optimizer, cfg.recipe
     te = uses_te(cfg)
     if not o.master_weights and not te:
-        errs.append("optimizer.master_weights=false with backend=emulated: not supported yet (the emulated "
-                    "backend keeps fp32 master weights); use backend=te or optimizer.master_weights=true")
+        errs.append(
+            "optimizer.master_weights=false with backend=emulated: not supported yet (the emulated "
+            "backend keeps fp32 master weights); use backend=te or optimizer.master_weights=true"
+        )
     if not o.master_weights and (o.use_precision_aware_optimizer or o.fp8_param or o.optimizer_cpu_offload):
-        errs.append("optimizer.master_weights=false with the precision-aware optimizer, fp8_param or CPU "
-                    "offload: those keep master weights; set optimizer.master_weights=true")
+        errs.append(
+            "optimizer.master_weights=false with the precision-aware optimizer, fp8_param or CPU "
+            "offload: those keep master weights; set optimizer.master_weights=true"
+        )
     if te and r.name == "int4_qat":
         errs.append("recipe=int4_qat with backend=te: not supported yet; use backend=emulated")
     if world_size() > 1:
@@ -280,21 +300,31 @@ def recommendations(cfg: Config) -> list[str]:
     r, s, o, m = cfg.recipe, cfg.stability, cfg.optimizer, cfg.model
     out = []
     if r.name == "mxfp8" and o.fp8_param and not o.reuse_grad_buf_for_mxfp8_param_ag:
-        out.append("recipe=mxfp8 with optimizer.fp8_param=true: the guide strongly recommends "
-                   "optimizer.reuse_grad_buf_for_mxfp8_param_ag=true")
+        out.append(
+            "recipe=mxfp8 with optimizer.fp8_param=true: the guide strongly recommends "
+            "optimizer.reuse_grad_buf_for_mxfp8_param_ag=true"
+        )
     if s.fp8_margin and r.name not in ("delayed", "custom"):
-        out.append(f"stability.fp8_margin={s.fp8_margin} has no effect on recipe={r.name} "
-                   "(TE applies the margin only in delayed scaling)")
-    if s.first_last_layers_bf16 and r.name != "bf16" and (
-        s.num_layers_at_start_in_bf16 + s.num_layers_at_end_in_bf16 == m.num_layers
+        out.append(
+            f"stability.fp8_margin={s.fp8_margin} has no effect on recipe={r.name} "
+            "(TE applies the margin only in delayed scaling)"
+        )
+    if (
+        s.first_last_layers_bf16
+        and r.name != "bf16"
+        and (s.num_layers_at_start_in_bf16 + s.num_layers_at_end_in_bf16 == m.num_layers)
     ):
         out.append(f"stability: all {m.num_layers} blocks are BF16, so recipe={r.name} quantizes nothing")
     if r.name == "nvfp4" and not s.first_last_layers_bf16:
-        out.append("recipe=nvfp4 without stability.first_last_layers_bf16: the guide advises BF16 "
-                   "first/last layers for FP4 (NVFP4 diverges if every linear layer is FP4)")
+        out.append(
+            "recipe=nvfp4 without stability.first_last_layers_bf16: the guide advises BF16 "
+            "first/last layers for FP4 (NVFP4 diverges if every linear layer is FP4)"
+        )
     if not s.fp8_wgrad and uses_te(cfg):
-        out.append("stability.fp8_wgrad=false on backend=te maps to TE's high-precision backward, which "
-                   "also keeps dgrad in high precision (recorded in run.json)")
+        out.append(
+            "stability.fp8_wgrad=false on backend=te maps to TE's high-precision backward, which "
+            "also keeps dgrad in high precision (recorded in run.json)"
+        )
     return out
 
 
