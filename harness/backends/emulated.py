@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from harness.backends.base import Backend
 from harness.model import GPT
 from harness.numerics import NumericsContext, QuantizedLinear
+from harness.numerics.formats import E4M3, cast_fp8
 from harness.numerics.int4 import fake_int4
 
 BF16 = torch.bfloat16
@@ -82,11 +83,12 @@ def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 class _FP8StoredActivation(torch.autograd.Function):
     """Megatron's activation_func_fp8_input_store: the input is saved for backward as an
-    *unscaled* `x.to(float8_e4m3fn)` (|x| > 448 saturates, |x| <= 2^-10 flushes) and cast back."""
+    *unscaled* `x.to(float8_e4m3fn)` (|x| > 448 saturates, |x| <= 2^-10 flushes) and cast back.
+    The clamp makes saturation independent of the torch version (2.11's cast gives NaN >= 464)."""
 
     @staticmethod
     def forward(ctx, x, kind):
-        ctx.save_for_backward(x.detach().to(torch.float8_e4m3fn))
+        ctx.save_for_backward(cast_fp8(x.detach(), E4M3))
         ctx.kind, ctx.dtype = kind, x.dtype
         return _act(x, kind)
 

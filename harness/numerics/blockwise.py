@@ -79,7 +79,7 @@ def quantize_blockwise(
     )
     v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
     v = v.mul_(scale[:, None, :, None])  # fp32(x) * scale, rounded to fp32
-    q = cast_fp8(v, fmt).view(xp.shape)  # (Mp, Kp)
+    q = cast_fp8(v, fmt, inplace=True).view(xp.shape)  # (Mp, Kp)
     return BlockwiseQuantized(
         q, reciprocal(scale), (br, bc), x.shape, columnwise, has_nan, fmt, scale, block_amax
     )

@@ -3,7 +3,8 @@
 Every function takes and returns torch tensors and works on any device. Rounding rules are TE's
 (numerics.md section 0): saturating round-to-nearest-even casts, E8M0 rounding *up*, an E2M1 grid
 with RNE on the code's parity. torch's own float->float8_e8m0fnu cast rounds differently and its
-CPU float->float8_e5m2 cast does not saturate, so neither is used for encoding.
+float->float8 casts saturate only in some versions (2.11 turns large E4M3 values into NaN; E5M2
+overflows to Inf), so FP8 encoding clamps before casting.
 """
 
 from __future__ import annotations
@@ -30,12 +31,21 @@ E5M2 = FP8Format("e5m2", torch.float8_e5m2, 57344.0)
 FP8_FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
 
 
-def cast_fp8(v: torch.Tensor, fmt: FP8Format) -> torch.Tensor:
-    """fp32 -> FP8 with RNE and saturation to +-max (Inf too); NaN stays NaN (cvt.rn.satfinite)."""
-    # torch's CPU E4M3 cast already saturates; its E5M2 cast (and CUDA casts, unchecked) may not
-    if fmt is E5M2 or v.device.type != "cpu":
-        v = v.clamp(-fmt.max, fmt.max)
-    return v.to(fmt.dtype)
+def cast_fp8(v: torch.Tensor, fmt: FP8Format, *, inplace: bool = False) -> torch.Tensor:
+    """fp32 -> FP8 with RNE and saturation to +-max (Inf too); NaN stays NaN (cvt.rn.satfinite).
+
+    Always clamps first: whether torch's own cast saturates depends on its version. torch 2.11's
+    E4M3 cast (c10's fp8e4m3fn_from_fp32_value, CPU and CUDA) turns |v| >= 464 into NaN (0x7F),
+    2.13's saturates; E5M2 casts overflow to Inf. `inplace=True` clamps v itself (for callers
+    passing their own temporary). The clamp keeps NaN and -0.0.
+    """
+    v = v.clamp_(-fmt.max, fmt.max) if inplace else v.clamp(-fmt.max, fmt.max)
+    return torch_cast(v, fmt.dtype)
+
+
+def torch_cast(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """torch's RNE cast of in-range values; a seam so tests can mimic other torch versions."""
+    return v.to(dtype)
 
 
 def fp8_to_float(q: torch.Tensor, has_nan: bool = True) -> tuple[torch.Tensor, float]:

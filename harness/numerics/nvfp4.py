@@ -106,7 +106,7 @@ def quantize_nvfp4(
     amax_g = block_amax.max()  # the whole-tensor amax (post-RHT for an RHT copy)
     s_enc = global_encode_scale(amax_g)
     s_dec = torch.div(const(1.0, s_enc), s_enc)
-    sf = cast_fp8(block_amax * (s_enc * const(1.0 / 6.0, s_enc)), E4M3)  # level-1 scale, E4M3
+    sf = cast_fp8(block_amax * (s_enc * const(1.0 / 6.0, s_enc)), E4M3, inplace=True)  # level-1 scale, E4M3
     sf32 = sf.float()
     k = torch.minimum(torch.div(const(1.0, sf32), sf32 * s_dec), const(FLT_MAX, sf32))  # (Mr, Kc)
     v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()

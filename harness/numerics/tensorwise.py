@@ -63,7 +63,7 @@ def quantize_per_tensor(
     if amax_ is None or has_nan is None:
         amax_, has_nan = amax(x2)
     scale = scale.reshape(1).float()
-    q = cast_fp8(scaled_fp32(x2, scale), fmt)  # (M, K)
+    q = cast_fp8(scaled_fp32(x2, scale), fmt, inplace=True)  # (M, K)
     return PerTensorQuantized(
         q, scale, reciprocal(scale), fmt, amax_.reshape(1), x.shape, columnwise, has_nan
     )
