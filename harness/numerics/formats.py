@@ -9,6 +9,7 @@ overflows to Inf), so FP8 encoding clamps before casting.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,18 +35,34 @@ FP8_FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
 def cast_fp8(v: torch.Tensor, fmt: FP8Format, *, inplace: bool = False) -> torch.Tensor:
     """fp32 -> FP8 with RNE and saturation to +-max (Inf too); NaN stays NaN (cvt.rn.satfinite).
 
-    Always clamps first: whether torch's own cast saturates depends on its version. torch 2.11's
-    E4M3 cast (c10's fp8e4m3fn_from_fp32_value, CPU and CUDA) turns |v| >= 464 into NaN (0x7F),
-    2.13's saturates; E5M2 casts overflow to Inf. `inplace=True` clamps v itself (for callers
-    passing their own temporary). The clamp keeps NaN and -0.0.
+    Whether torch's own cast saturates depends on its version: torch 2.11's E4M3 cast (c10's
+    fp8e4m3fn_from_fp32_value, CPU and CUDA) turns |v| >= 464 into NaN (0x7F), 2.13's CPU cast
+    saturates, E5M2 casts overflow to Inf. So v is clamped first unless a probe of this torch
+    showed its cast saturates (the clamp costs a pass over v). `inplace=True` clamps v itself
+    (callers passing their own temporary). The clamp keeps NaN and -0.0.
     """
-    v = v.clamp_(-fmt.max, fmt.max) if inplace else v.clamp(-fmt.max, fmt.max)
+    if not _cast_saturates(torch_cast, v.dtype, fmt, v.device.type):
+        v = v.clamp_(-fmt.max, fmt.max) if inplace else v.clamp(-fmt.max, fmt.max)
     return torch_cast(v, fmt.dtype)
 
 
 def torch_cast(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """torch's RNE cast of in-range values; a seam so tests can mimic other torch versions."""
     return v.to(dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _cast_saturates(cast, src: torch.dtype, fmt: FP8Format, device_type: str) -> bool:
+    """Whether `cast` maps everything above max (ties, Inf) to +-max and keeps NaN, on a tensor
+    long enough for both the vectorised body and the scalar tail of torch's kernels."""
+    m = fmt.max
+    top = m * (1 + 2.0 ** -(4 if fmt is E4M3 else 3))  # the midpoint past max
+    edge = [m * 1.0001, top * 0.9999, top, top * 1.0001, 2 * m, 1e30, float("inf")]
+    x = torch.tensor(edge * 11, dtype=torch.float32)  # 77 values
+    x = torch.cat([x, -x]).to(device=device_type, dtype=src)  # all still >= max in src (or Inf)
+    y = cast(x, fmt.dtype).float()
+    nan = cast(torch.full((3,), float("nan"), dtype=src, device=device_type), fmt.dtype).float()
+    return bool(torch.equal(y, x.float().clamp(-m, m)) and nan.isnan().all())
 
 
 def fp8_to_float(q: torch.Tensor, has_nan: bool = True) -> tuple[torch.Tensor, float]:

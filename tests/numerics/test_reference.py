@@ -298,3 +298,13 @@ def test_reference_grid_and_ties():
         assert torch.equal(vals, torch_vals)
     ties = torch.tensor([2**-10, 1.5 * 2**-9, 2.5 * 2**-9, 17.0, 19.0, 464.0], dtype=F64)
     assert decode(ref_codes(ties, E4M3), E4M3).tolist() == [0.0, 2**-8, 2**-8, 16.0, 20.0, 448.0]
+
+
+def test_saturation_probe():
+    """The probe that lets cast_fp8 skip its clamp sees through a non-saturating cast."""
+    for fmt in (E4M3, E5M2):
+        for src in (torch.float32, torch.bfloat16):
+            assert not formats._cast_saturates(old_torch_cast, src, fmt, "cpu")
+            big = torch.tensor([fmt.max * 1.1, 1e30, float("inf")], dtype=src).repeat(40)
+            native = bool((big.to(fmt.dtype).float() == fmt.max).all())
+            assert formats._cast_saturates(formats.torch_cast, src, fmt, "cpu") == native
