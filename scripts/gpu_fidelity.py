@@ -183,6 +183,17 @@ def run_case(kind, te_kw, recipe, kw, x, scale, have_te):
     return result
 
 
+def cast_saturation() -> dict:
+    """Whether this torch's own fp32 -> FP8 casts saturate, per device (lowp clamps where not)."""
+    from harness.numerics.formats import E4M3, E5M2, _cast_saturates, torch_cast
+
+    return {
+        f"{d}/{f}": _cast_saturates(torch_cast, torch.float32, f, d)
+        for d in ("cpu", "cuda")
+        for f in (E4M3, E5M2)
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0)
@@ -203,6 +214,7 @@ def main() -> None:
         "te_error": te_error,
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(),
+        "torch_fp8_cast_saturates": cast_saturation(),
         "cases": {},
     }
     total_bad = 0

@@ -1,0 +1,401 @@
+"""TE vs the emulator from the same weights: step-0 operands bit for bit, loss curves vs two BF16 seeds.
+
+    OUT=/some/dir python scripts/te_vs_emulated.py [--steps 300] [--recipes tensorwise,delayed,blockwise]
+        [--parts mapping,operands,curves] [--no-bf16-pair] [override ...]
+
+Issue 3's GPU criteria on gpt_small / markov / hardware=auto. The emulated GPT's weights, rounded to
+bf16 (so both backends hold them exactly), are copied into the TE model (TE's names, interleaved QKV).
+Each part is wrapped so one failure does not stop the others; $OUT/te_vs_emulated.json is rewritten
+after each. mapping: BF16 logits of both models on one batch (close, not bitwise), norms perturbed
+off (1, 0), plus a control with a non-interleaved QKV (far off). operands: block 0's QKV GEMM, TE's
+operands captured in a training forward (general_gemm's A = weight, B = quantized LN output) vs
+TE's quantizers on TE's bf16 LN output / weight vs lowp's quantize() on the same tensors and on
+lowp's own LN output. curves: TE BF16 seeds 0 and 1; per recipe emulated and TE from the same
+weights and batches; per logged step |emulated - te| against |seed0 - seed1|.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # harness, and gpu_fidelity beside this file
+from gpu_fidelity import cast_saturation, mismatches, te_quantize, valid_region  # noqa: E402
+
+BASE = ["model=gpt_small", "data=markov", "hardware=auto", "logger=none", "telemetry_interval=0"]
+EXTRA: list[str] = []  # overrides from the command line
+BLOCK_NAMES = {  # emulated Block module -> te.TransformerLayer parameter prefix (fuse_qkv_params=True)
+    "ln1": "self_attention.layernorm_qkv.layer_norm_",
+    "attn.qkv": "self_attention.layernorm_qkv.",
+    "attn.proj": "self_attention.proj.",
+    "ln2": "layernorm_mlp.layer_norm_",
+    "mlp.fc1": "layernorm_mlp.fc1_",
+    "mlp.fc2": "layernorm_mlp.fc2_",
+}
+
+
+# ---- the weight mapping (pure; tests/numerics/test_te_mapping.py checks it on the CPU) -------------
+
+
+def qkv_interleave(t: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Rows [q; k; v] (heads inside each, lowp's GPT) -> TE's qkv_weight_interleaved layout
+    [h0: q k v, h1: q k v, ...] (MultiheadAttention views the output as (..., heads, 3, head_dim))."""
+    d = t.shape[0] // (3 * n_head)
+    return t.reshape(3, n_head, d, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+def te_state_from_emulated(sd: dict, n_head: int, interleave: bool = True) -> dict:
+    """An emulated GPT state_dict in TEGPT's parameter names and layouts (values unchanged)."""
+    out = {}
+    for name, t in sd.items():
+        if not name.startswith("blocks."):
+            out[name] = t  # wte, wpe, ln_f, lm_head: the same modules in both models
+            continue
+        _, i, rest = name.split(".", 2)
+        module, _, kind = rest.rpartition(".")  # kind: weight or bias
+        if module not in BLOCK_NAMES or kind not in ("weight", "bias"):
+            raise KeyError(f"{name}: no TE counterpart")
+        if module == "attn.qkv" and interleave:
+            t = qkv_interleave(t, n_head)
+        out[f"blocks.{i}.layer.{BLOCK_NAMES[module]}{kind}"] = t
+    return out
+
+
+def round_to_bf16_(model: torch.nn.Module) -> None:
+    """The emulated fp32 weights onto the bf16 grid, so the TE model can hold them exactly."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+
+
+def load_into_te(te_model: torch.nn.Module, sd: dict, n_head: int, interleave: bool = True) -> int:
+    mapped = te_state_from_emulated(sd, n_head, interleave)
+    params = dict(te_model.named_parameters())
+    missing, unused = sorted(set(params) - set(mapped)), sorted(set(mapped) - set(params))
+    if missing or unused:
+        raise KeyError(f"TE params without a source: {missing}; unused emulated tensors: {unused}")
+    with torch.no_grad():
+        for name, p in params.items():
+            if p.shape != mapped[name].shape:
+                raise ValueError(f"{name}: TE {tuple(p.shape)} vs {tuple(mapped[name].shape)}")
+            p.copy_(mapped[name].to(p.device, p.dtype))
+    return len(params)
+
+
+# ---- the GPU parts -------------------------------------------------------------------------------
+
+
+def trainer(*overrides: str):
+    """A Trainer for BASE + the command line's overrides + these, as harness.train.run builds it."""
+    from omegaconf import OmegaConf
+
+    from harness.config.store import compose
+    from harness.config.validate import validate
+    from harness.hardware import resolve_hardware
+    from harness.train import Trainer
+
+    cfg = OmegaConf.to_object(compose([*BASE, *EXTRA, *overrides]))
+    cfg.hardware = resolve_hardware(cfg.hardware)
+    validate(cfg)
+    return Trainer(cfg, Path(os.environ.get("OUT", ".")) / "runs")
+
+
+def emulated_start(recipe: str, perturb_norms: bool = False):
+    """An emulated trainer with bf16-valued weights, and a CPU copy of its state_dict."""
+    em = trainer(f"recipe={recipe}", "backend=emulated")
+    if perturb_norms:  # norms and biases off (1, 0), so a swapped or missed one shows
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in em.model.parameters():
+                if p.dim() == 1:
+                    p.add_(0.1 * torch.randn(p.shape, generator=gen).to(p.device))
+    round_to_bf16_(em.model)
+    return em, {k: v.detach().cpu().clone() for k, v in em.model.state_dict().items()}
+
+
+def check_mapping() -> dict:
+    from harness.model import loss_fn
+
+    em, sd = emulated_start("bf16", perturb_norms=True)
+    te = trainer("recipe=bf16", "backend=te")
+    x, y = (t.cuda() for t in next(em.batches))
+    out = {}
+    with torch.no_grad(), em.backend.autocast():
+        ref = em.model(x).float()
+    for interleave in (True, False):
+        load_into_te(te.model, sd, em.cfg.model.num_attention_heads, interleave)
+        with torch.no_grad(), te.backend.autocast():
+            got = te.model(x).float()
+        out["interleaved" if interleave else "control_not_interleaved"] = {
+            "logits_max_abs_diff": float((got - ref).abs().max()),
+            "logits_rel_diff": float((got - ref).norm() / ref.norm()),
+            "loss_emulated": float(loss_fn(ref, y)),
+            "loss_te": float(loss_fn(got, y)),
+        }
+    return out
+
+
+FIELDS = ("data_row", "data_col", "sinv_row", "sinv_col")  # gpu_fidelity's names
+
+
+def te_parts(t) -> dict:
+    """Codes and scale_inv of a TE quantized tensor (Float8Tensor or blockwise storage)."""
+    if hasattr(t, "_rowwise_data"):
+        names = ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
+    else:
+        names = ("_data", "_transpose", "_scale_inv", "_scale_inv")
+    return dict(zip(FIELDS, (getattr(t, n, None) for n in names)))
+
+
+def lowp_parts(recipe, role: str, t: torch.Tensor, scale) -> tuple[dict, object]:
+    """lowp's two copies in the same fields, and the rowwise result."""
+    from harness.numerics import quantize
+
+    extra = {"scale": scale} if scale is not None else {}
+    row, col = (quantize(t, recipe, role=role, columnwise=c, **extra) for c in (False, True))
+    return dict(zip(FIELDS, (row.data, col.data, row.scale_inv, col.scale_inv))), row
+
+
+def bits_differ(a: torch.Tensor, b: torch.Tensor) -> int | str:
+    a, b = a.detach().float().reshape(-1).cpu(), b.detach().float().reshape(-1).cpu()
+    if a.numel() != b.numel():
+        return f"numel {a.numel()} vs {b.numel()}"
+    return int((a.view(torch.int32) != b.view(torch.int32)).sum())
+
+
+def capture_qkv_gemm(te, x) -> tuple:
+    """(weight, input) operands of the first fprop GEMM (block 0's QKV) in a training forward."""
+    import transformer_engine.pytorch.module.layernorm_linear as lnl
+
+    orig, seen = lnl.general_gemm, []
+
+    def spy(a, b, *rest, **kw):
+        if not seen:
+            seen.append((a, b))
+        return orig(a, b, *rest, **kw)
+
+    lnl.general_gemm = spy
+    try:
+        with te.backend.autocast():
+            te.model(x)
+    finally:
+        lnl.general_gemm = orig
+    return seen[0]
+
+
+def te_kind(recipe, role: str) -> tuple[str, dict]:
+    """gpu_fidelity's TE quantizer spec for this recipe config and role (forward roles: E4M3)."""
+    if recipe.name == "delayed":
+        return "delayed", {"fp8": "e4m3"}
+    if recipe.name == "tensorwise":
+        return "current", {"fp8": "e4m3", "pow2": recipe.power_2_scales, "eps": recipe.amax_epsilon}
+    dim = recipe.x_block_dim if role == "input" else recipe.w_block_dim
+    return "block", {"fp8": "e4m3", "dim": dim, "pow2": recipe.power_2_scales}
+
+
+def te_layernorm(mod, h: torch.Tensor) -> torch.Tensor:
+    """The LayerNormLinear's norm as its forward runs it, unquantized (bf16 out)."""
+    from transformer_engine.pytorch.module._common import apply_normalization
+
+    w, b, margin = mod.layer_norm_weight, mod.layer_norm_bias, getattr(mod, "fwd_ln_sm_margin", 0)
+    args = (mod.eps, None, torch.bfloat16, mod.normalization, margin, mod.zero_centered_gamma)
+    return apply_normalization(h, None, w, b, *args)[0]
+
+
+def compare_operands(recipe_name: str) -> dict:
+    em, sd = emulated_start(recipe_name)
+    te = trainer(f"recipe={recipe_name}", "backend=te")
+    n_head, recipe = em.cfg.model.num_attention_heads, em.cfg.recipe
+    load_into_te(te.model, sd, n_head)
+    x = next(em.batches)[0].cuda()
+    w_te, in_te = capture_qkv_gemm(te, x)
+    mod = te.model.blocks[0].layer.self_attention.layernorm_qkv
+    with torch.no_grad():
+        h_te = (te.model.wte(x) + te.model.wpe.weight[: x.shape[1]]).reshape(-1, mod.in_features)  # bf16
+        ln_te = te_layernorm(mod, h_te)
+        h_em = em.model.wte(x) + em.model.wpe.weight[: x.shape[1]]  # fp32 residual stream
+        ln_em = em.model.blocks[0].ln1(h_em).reshape(-1, mod.in_features).to(torch.bfloat16)
+    out = {
+        "ln": {
+            "elements": ln_te.numel(),
+            "block_input_differ_after_bf16_rounding": bits_differ(h_em.to(torch.bfloat16), h_te),
+            "ln_out_differ_bf16": bits_differ(ln_em, ln_te),
+            "ln_out_max_abs_diff": float((ln_em.float() - ln_te.float()).abs().max()),
+        }
+    }
+    scale = torch.ones(1, device="cuda") if recipe.name == "delayed" else None  # step 1: scale 1
+    w_em = sd["blocks.0.attn.qkv.weight"].cuda().to(torch.bfloat16)  # lowp's layout: [q; k; v]
+    for role, hp, captured, own in (
+        ("input", ln_te, in_te, ln_em),
+        ("weight", mod.weight.detach(), w_te, None),
+    ):
+        kind, kw = te_kind(recipe, role)
+        cut = lambda d: valid_region(d, kind, kw, tuple(hp.shape))  # noqa: B023, E731
+        te_q = cut(te_quantize(kind, kw, hp, scale))
+        lowp, lowp_row = lowp_parts(recipe, role, hp, scale)
+        te_deq = captured.dequantize(dtype=torch.float32)  # what TE's GEMM multiplies, as values
+        res = {
+            "lowp_vs_te_quantizer_same_tensor": mismatches(cut(lowp), te_q),
+            "te_training_operand_vs_te_quantizer": mismatches(cut(te_parts(captured)), te_q),
+            "dequant_lowp_vs_te_training_operand": bits_differ(lowp_row.dequantize(), te_deq),
+        }
+        if own is not None:  # lowp's whole path: its own LN output, its own quantizer
+            own_deq = lowp_parts(recipe, role, own, scale)[1].dequantize()
+            res["dequant_lowp_own_ln_vs_te_training_operand"] = bits_differ(own_deq, te_deq)
+        else:  # the weight quantized in lowp's model layout, its rows then put in TE's order
+            rows = qkv_interleave(lowp_parts(recipe, role, w_em, scale)[1].dequantize(), n_head)
+            res["dequant_lowp_model_layout_vs_te_training_operand"] = bits_differ(rows, te_deq)
+        if recipe.name == "delayed":  # also a saturating scale (the regime of the H200 CPU bug)
+            s2 = (448.0 / hp.float().abs().max() * 1.3).reshape(1)
+            res["lowp_vs_te_quantizer_scale_x1.3"] = mismatches(
+                lowp_parts(recipe, role, hp, s2)[0], te_quantize(kind, kw, hp, s2)
+            )
+        out[role] = res
+    return out
+
+
+def curve(overrides: list[str], steps: int, weights: dict | None = None) -> dict:
+    """Train `steps` steps as Trainer.fit does (logged train loss, eval loss) from `weights`."""
+    from harness import metrics as M
+
+    tr = trainer(*overrides, f"steps={steps}")
+    if weights is not None and tr.backend.name == "te":
+        load_into_te(tr.model, weights, tr.cfg.model.num_attention_heads)
+    elif weights is not None:
+        tr.model.load_state_dict(weights)
+    train, evals, errors, t0 = [], [], [], time.perf_counter()
+    for step in range(steps):
+        loss, grad_norm, lr = tr.train_step(step)
+        tr.metrics.record(step, loss, grad_norm, lr)
+        if step in (0, steps - 1):
+            try:
+                tr.backend.verify_active(tr.model, step)
+            except Exception as e:  # recorded, not fatal: the curve still tells something
+                errors.append(f"verify_active step {step}: {e!r}")
+        if tr.metrics.should_log(step, steps - 1):
+            train.append([step + 1, tr.metrics.row(step)[M.LOSS_TRAIN]])
+        if (step + 1) % tr.cfg.eval_interval == 0 or step == steps - 1:
+            evals.append([step + 1, tr.evaluate()])
+    return {
+        "train": train,
+        "eval": evals,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "errors": errors,
+        "backend": tr.backend.name,
+        "recipe_repr": str(tr.backend.describe().get("recipe_repr")),
+    }
+
+
+def guard(fn, *a):
+    try:
+        return fn(*a)
+    except Exception as e:  # one failing run never stops the others
+        print(f"FAILED: {e!r}", flush=True)
+        return {"error": repr(e), "trace": traceback.format_exc(limit=8)}
+
+
+def criterion(a: dict, b: dict, s0: dict, s1: dict, key: str) -> dict:
+    """Per logged step |a - b| vs |seed0 - seed1|; holds if the first is smaller at every step."""
+    rows = [
+        [st, abs(va - vb), abs(v0 - v1)]
+        for (st, va), (_, vb), (_, v0), (_, v1) in zip(a[key], b[key], s0[key], s1[key], strict=True)
+    ]
+    bad = [r[0] for r in rows if not r[1] < r[2]]
+    return {
+        "holds": bool(rows) and not bad,
+        "violating_steps": bad,
+        "max_pair_diff": max((r[1] for r in rows), default=None),
+        "min_seed_diff": min((r[2] for r in rows), default=None),
+        "rows": rows,  # [step, |emulated - te|, |seed0 - seed1|]
+    }
+
+
+def print_summary(res: dict, recipes: list[str], pairs: list[str]) -> None:
+    print("\n==== te_vs_emulated summary ====")
+    for key, v in res.get("mapping", {}).items():
+        print(f"mapping {key:<24} {json.dumps(v)}")
+    for r in (r for r in recipes if f"operands/{r}" in res):
+        o = res[f"operands/{r}"]
+        rows = [("", "ERROR", o["error"])] if "error" in o else [("", "ln", o.get("ln"))]
+        rows += [(role, k, v) for role in ("input", "weight") for k, v in o.get(role, {}).items()]
+        for role, k, v in rows:
+            print(f"operands {r:<10} {role:<6} {k:<48} {json.dumps(v)}")
+    for r in (r for r in pairs if f"criterion/{r}" in res):
+        c = res[f"criterion/{r}"]
+        for k in ("train", "eval") if "error" not in c else ():
+            x = c[k]
+            print(
+                f"criterion {r:<10} {k:<5} holds={x['holds']}  max|emu-te|={x['max_pair_diff']:.4g}  "
+                f"min|s0-s1|={x['min_seed_diff']:.4g}  violating steps={x['violating_steps']}"
+            )
+        if "error" in c:
+            print(f"criterion {r}: {c['error']}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--recipes", default="tensorwise,delayed,blockwise")
+    p.add_argument("--parts", default="mapping,operands,curves")
+    p.add_argument("--no-bf16-pair", action="store_true", help="skip the emulated-vs-te BF16 control pair")
+    p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. log_interval=25")
+    args = p.parse_args()
+    EXTRA[:] = args.overrides
+    recipes, parts = args.recipes.split(","), args.parts.split(",")
+    pairs = ([] if args.no_bf16_pair else ["bf16"]) + recipes  # bf16: the backends' own difference
+    out_dir = Path(os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "te_vs_emulated.json"
+    res: dict = {"torch": torch.__version__, "steps": args.steps, "recipes": recipes, "seconds": {}}
+
+    def part(key: str, fn, *a) -> None:
+        t0 = time.perf_counter()
+        res[key] = guard(fn, *a)
+        gc.collect()  # drop the last part's trainers (optimizer hooks hold reference cycles)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        res["seconds"][key] = round(time.perf_counter() - t0, 1)
+        path.write_text(json.dumps(res, indent=1, default=str))
+        print(f"[{key}] {res['seconds'][key]} s", flush=True)
+
+    te_version = lambda: __import__("transformer_engine").__version__  # noqa: E731
+    env = {"gpu": torch.cuda.get_device_name, "te": te_version, "fp8_cast_saturates": cast_saturation}
+    part("env", lambda: {**{k: guard(f) for k, f in env.items()}, "overrides": EXTRA})
+    if "mapping" in parts:
+        part("mapping", check_mapping)
+    if "operands" in parts:
+        for r in recipes:
+            part(f"operands/{r}", compare_operands, r)
+    if "curves" in parts:
+        for seed in (0, 1):
+            part(f"curves/bf16_te_s{seed}", curve, ["recipe=bf16", "backend=te", f"seed={seed}"], args.steps)
+        for r in pairs:
+
+            def pair(r=r) -> dict:  # the same weights and, from the same seed, the same batches
+                sd = emulated_start(r)[1]
+                return {
+                    b: guard(curve, [f"recipe={r}", f"backend={b}"], args.steps, sd)
+                    for b in ("emulated", "te")
+                }
+
+            part(f"curves/{r}", pair)
+            s0, s1, pr = (res.get(k, {}) for k in ("curves/bf16_te_s0", "curves/bf16_te_s1", f"curves/{r}"))
+            part(
+                f"criterion/{r}",
+                lambda: {k: criterion(pr["emulated"], pr["te"], s0, s1, k) for k in ("train", "eval")},  # noqa: B023
+            )
+    guard(print_summary, res, recipes, pairs)
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()
