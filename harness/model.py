@@ -67,8 +67,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         B, T, C = x.shape
-        qkv = self.qkv(x)  # (B, T, 3C)
-        q, k, v = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # (B, H, T, D) each
+        qkv = self.qkv(x)  # (B, T, 3C), rows per head [q k v] as Megatron and TE lay them out
+        q, k, v = qkv.view(B, T, self.n_head, 3, C // self.n_head).permute(3, 0, 2, 1, 4)  # (B, H, T, D) each
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])

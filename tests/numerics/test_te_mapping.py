@@ -93,7 +93,7 @@ def test_qkv_interleave_puts_each_heads_q_k_v_together():
 
 
 def test_interleaved_weights_give_the_same_heads():
-    """q, k, v per head from lowp's layout (view 3, H, D) equal TE's (view H, 3, D) of the copy."""
+    """q, k, v per head from a [q; k; v] layout (view 3, H, D) equal the per-head one (view H, 3, D)."""
     n_head, d, c = 4, 8, 32
     gen = torch.Generator().manual_seed(0)
     w, b = torch.randn(3 * c, c, generator=gen), torch.randn(3 * c, generator=gen)
@@ -120,7 +120,7 @@ def test_load_into_te_copies_bf16_weights_exactly():
     got = dict(te.named_parameters())
     for i in range(m.num_layers):
         qkv = got[f"blocks.{i}.layer.self_attention.layernorm_qkv.weight"].float()
-        assert torch.equal(qkv, qkv_interleave(sd[f"blocks.{i}.attn.qkv.weight"], m.num_attention_heads))
+        assert torch.equal(qkv, sd[f"blocks.{i}.attn.qkv.weight"])  # same per-head layout: a plain copy
         fc2 = got[f"blocks.{i}.layer.layernorm_mlp.fc2_weight"].float()
         assert torch.equal(fc2, sd[f"blocks.{i}.mlp.fc2.weight"])
     assert torch.equal(got["lm_head.weight"].float(), sd["lm_head.weight"])
