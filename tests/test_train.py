@@ -8,35 +8,12 @@ import math
 import pytest
 import torch
 
+from analysis import keys as A
 from harness import metrics as M
 from harness.train import run
 from tests.helpers import TINY, compose_cfg, run_cli
 
-SUMMARY_FIELDS = {
-    "status",
-    "recipe",
-    "variant",
-    "backend",
-    "hardware",
-    "model",
-    "data",
-    "seed",
-    "steps",
-    "tokens",
-    "final_train_loss",
-    "final_eval_loss",
-    "loss_floor",
-    "tokens_per_s",
-    "step_time_ms",
-    "mfu_bf16_peak",
-    "mfu_recipe_peak",
-    "peak_mem_gib",
-    "memory",
-    "wall_time_s",
-    "diverged_step",
-    "divergence_cause",
-    "error",
-}
+SUMMARY_FIELDS = set(A.SUMMARY_FIELDS)  # the contract, checked against the harness in test_contract
 
 
 def read_jsonl(path):
