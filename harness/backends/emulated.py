@@ -170,6 +170,20 @@ class EmulatedBackend(Backend):
         out = super().describe()
         out["quantized_modules"] = self.plan.quantized_modules(self.linear_names)
         out["numerics"] = {name: repr(q) for name, q in self.modules.items()}
+        o, notes = self.cfg.optimizer, []
+        if o.fp8_param:
+            notes.append(
+                "optimizer.fp8_param=true changes no number here: TE quantizes its FP8 primary weights "
+                "from bf16(master), exactly what the emulated GEMM quantizes each step (memory not modelled)"
+            )
+        if o.optimizer_cpu_offload:
+            notes.append(
+                "optimizer.optimizer_cpu_offload=true: the emulated backend's optimizer already runs "
+                "where the model does; the offload changes no number"
+            )
+        if o.use_distributed_optimizer:
+            notes.append("optimizer.use_distributed_optimizer=true: one process, nothing to shard")
+        out["mapping_notes"] = notes
         return out
 
     def verify_active(self, model: nn.Module, step: int) -> None:
