@@ -186,3 +186,15 @@ def test_wandb_offline_run(tmp_path):
     assert run_json["wandb"]["run_id"] and run_json["wandb"]["mode"] == "offline"
     files = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert files, "offline W&B run files a user can `wandb sync`"
+
+
+def test_precision_aware_optimizer_presets_train_and_shrink_states(tmp_path):
+    base = run(compose_cfg(*TINY, "steps=6", "recipe=tensorwise"), tmp_path / "fp32")
+    states = {"adamw_fp32": base.memory["optimizer_states_gib"]}
+    for preset in ("bf16_states", "fp8_states", "min_memory"):
+        s = run(compose_cfg(*TINY, "steps=6", "recipe=tensorwise", f"optimizer={preset}"), tmp_path / preset)
+        assert s.status == "completed" and math.isfinite(s.final_train_loss), preset
+        states[preset] = s.memory["optimizer_states_gib"]
+    assert states["fp8_states"] < states["bf16_states"] < states["adamw_fp32"]
+    run_json = json.loads((tmp_path / "min_memory" / "run.json").read_text())
+    assert run_json["config"]["optimizer"]["exp_avg_dtype"] == "fp8"
