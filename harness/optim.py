@@ -138,8 +138,9 @@ class CpuOffloadAdamW:
 
     def __init__(self, groups: list[dict], cfg: OptimizerConfig):
         self.params = [p for g in groups for p in g["params"]]
-        self.master = [p.detach().float().cpu().pin_memory() for p in self.params]
-        self.host_grads = [torch.zeros_like(m).pin_memory() for m in self.master]
+        pin = (lambda t: t.pin_memory()) if torch.cuda.is_available() else (lambda t: t)  # noqa: E731
+        self.master = [pin(p.detach().float().cpu()) for p in self.params]
+        self.host_grads = [pin(torch.zeros_like(m)) for m in self.master]
         it = iter(self.master)
         host_groups = [{**g, "params": [next(it) for _ in g["params"]]} for g in groups]
         self.inner = torch.optim.AdamW(host_groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
@@ -150,7 +151,8 @@ class CpuOffloadAdamW:
         for p, m, h in zip(self.params, self.master, self.host_grads):
             h.copy_(p.main_grad if hasattr(p, "main_grad") else p.grad, non_blocking=True)
             m.grad = h
-        torch.cuda.synchronize()  # the host step needs the grads
+        if self.params and self.params[0].is_cuda:
+            torch.cuda.synchronize()  # the host step needs the grads
         self.inner.step()
         for p, m in zip(self.params, self.master):
             p.data.copy_(m, non_blocking=True)
@@ -178,8 +180,14 @@ class CpuOffloadAdamW:
 
 
 def build_optimizer(
-    model: nn.Module, cfg: OptimizerConfig, device: torch.device, backend: str = "emulated"
+    model: nn.Module,
+    cfg: OptimizerConfig,
+    device: torch.device,
+    backend: str = "emulated",
+    full_master: bool = False,
 ) -> Optimizer:
+    """`full_master`: keep whole fp32 master weights (no bf16 + remainder trick), for TE INT4 QAT,
+    whose bf16 parameters hold the fake-quantized weights rather than bf16(master)."""
     groups = param_groups(model, cfg.weight_decay)
     params = [p for g in groups for p in g["params"]]
     hp = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
@@ -217,6 +225,7 @@ def build_optimizer(
         use_decoupled_grad=main_grads is not None,
         # TE's FP8-state and FP8-param kernels cannot read int16 remainders
         store_param_remainders=cfg.main_params_dtype == "fp32"
+        and not full_master
         and not cfg.fp8_param
         and "fp8" not in (cfg.exp_avg_dtype, cfg.exp_avg_sq_dtype),
         **hp,

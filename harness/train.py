@@ -69,7 +69,14 @@ class Trainer:
         self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
         self.backend = build_backend(cfg, self.device)
         self.model = self.backend.build_model()
-        self.optimizer = build_optimizer(self.model, cfg.optimizer, self.device, self.backend.name)
+        self.optimizer = build_optimizer(
+            self.model,
+            cfg.optimizer,
+            self.device,
+            self.backend.name,
+            full_master=cfg.recipe.name == "int4_qat",
+        )
+        self.backend.prepare(self.model, self.optimizer)
         self.accum = cfg.global_batch_size // cfg.micro_batch_size
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
         n = count_params(self.model)
@@ -118,6 +125,7 @@ class Trainer:
             total += loss.detach()
         grad_norm = clip_grad(self.optimizer, self.cfg.optimizer.clip_grad)
         self.optimizer.step()
+        self.backend.after_optimizer_step(self.model)
         self.optimizer.zero_grad()
         return total, grad_norm, lr
 

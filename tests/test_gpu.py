@@ -33,7 +33,7 @@ GPU_TINY = [
 
 @needs_cuda
 @needs_te
-@pytest.mark.parametrize("recipe", ["bf16", "delayed", "tensorwise", "blockwise"])
+@pytest.mark.parametrize("recipe", ["bf16", "delayed", "tensorwise", "blockwise", "int4_qat"])
 def test_hopper_recipe_trains_50_steps(tmp_path, recipe):
     from harness.train import run
 
@@ -90,3 +90,18 @@ def test_precision_aware_optimizer_and_fp8_weights_train(tmp_path):
     )
     assert s.status == "completed" and math.isfinite(s.final_train_loss)
     assert s.memory["quantized_copies_gib"] > 0 and s.memory["optimizer_states_gib"] > 0
+
+
+@needs_cuda
+@needs_te
+def test_optimizer_cpu_offload_with_delayed_trains(tmp_path):
+    from harness.train import run
+
+    s = run(
+        compose_cfg(
+            *GPU_TINY, "backend=te", "recipe=delayed", "optimizer.optimizer_cpu_offload=true", "steps=30"
+        ),
+        tmp_path,
+    )
+    assert s.status == "completed" and math.isfinite(s.final_train_loss)
+    assert s.memory["host_offloaded_gib"] > 0 and s.memory["optimizer_states_gib"] == 0

@@ -37,6 +37,12 @@ class Backend(ABC):
     def verify_active(self, model: nn.Module, step: int) -> None:  # noqa: B027
         """Prove at runtime that the recipe is really applied; raise if it silently is not."""
 
+    def prepare(self, model: nn.Module, optimizer) -> None:  # noqa: B027
+        """Once, after the optimizer exists (e.g. TE INT4 QAT seeds master weights, then fake-quantizes)."""
+
+    def after_optimizer_step(self, model: nn.Module) -> None:  # noqa: B027
+        """After every optimizer step (e.g. TE INT4 QAT re-derives the fake-quantized weights)."""
+
     @contextlib.contextmanager
     def collect_telemetry(self):
         """Yield a list that fills with numerics rows for the forward/backward run inside the block."""

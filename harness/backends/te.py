@@ -23,6 +23,8 @@ from harness.config.validate import LOWP_SET_NVTE, NVTE_FROM_CONFIG, NVTE_RECIPE
 from harness.model import GPT
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+# te.TransformerLayer's GEMM weights (fuse_qkv_params=True), the ones INT4 QAT fake-quantizes
+TE_WEIGHTS = ("layernorm_qkv.weight", "proj.weight", "fc1_weight", "fc2_weight")
 
 
 def set_nvte_env(cfg: Config) -> dict[str, str]:
@@ -211,6 +213,33 @@ class TEBackend(Backend):
 
     def autocast(self):
         return self.te.autocast(enabled=self.recipe is not None, recipe=self.recipe)
+
+    # ---- INT4 fake-QAT: the bf16 params hold fake_int4(W), FusedAdam's fp32 masters hold W ----------
+    def _int4_weights(self, model: nn.Module) -> list[nn.Parameter]:
+        return [
+            p
+            for n, p in model.blocks.named_parameters()
+            if n.endswith(TE_WEIGHTS)
+            and self.plan.recipe_for(f"blocks.{n.split('.')[0]}.attn.qkv") is not None
+        ]
+
+    def prepare(self, model: nn.Module, optimizer) -> None:
+        if self.cfg.recipe.name != "int4_qat":
+            return
+        for p in optimizer.params:  # masters seeded from the real weights before they are fake-quantized
+            optimizer.inner.initialize_state(p, False)
+        self.after_optimizer_step(model)
+
+    @torch.no_grad()
+    def after_optimizer_step(self, model: nn.Module) -> None:
+        """Straight-through QAT: FusedAdam wrote bf16(master) into each param; replace it by its INT4
+        fake quantization, so the next forward uses W-hat and its gradient updates the master W."""
+        if self.cfg.recipe.name != "int4_qat":
+            return
+        from harness.numerics.int4 import fake_int4
+
+        for p in self._int4_weights(model):
+            p.copy_(fake_int4(p, self.cfg.recipe.int4_group_size))
 
     # ---- proof that the recipe is really active ------------------------------------------------
     def _install_probes(self, model: nn.Module) -> None:

@@ -288,8 +288,12 @@ def support_errors(cfg: Config) -> list[str]:
             "optimizer.master_weights=false with the precision-aware optimizer, fp8_param or CPU "
             "offload: those keep master weights; set optimizer.master_weights=true"
         )
-    if te and r.name == "int4_qat":
-        errs.append("recipe=int4_qat with backend=te: not supported yet; use backend=emulated")
+    if te and r.name == "int4_qat" and (not o.master_weights or o.optimizer_cpu_offload):
+        errs.append(
+            "recipe=int4_qat with backend=te keeps the fake-quantized weights in the bf16 params and "
+            "the real ones in TE FusedAdam's master weights: set optimizer.master_weights=true and "
+            "optimizer.optimizer_cpu_offload=false"
+        )
     if world_size() > 1:
         errs.append(f"WORLD_SIZE={world_size()}: multi-rank runs are not supported yet; run one process")
     return errs
