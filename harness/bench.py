@@ -51,7 +51,7 @@ def bare_loop(cfg, steps: int = 10, warm: int = 4) -> float:
 
 
 def profile_steps(cfg, out: Path, steps: int = 3, warm: int = 4) -> None:
-    """torch.profiler over a few steady-state train steps: the kernel table lands in OUT/profile.txt."""
+    """torch.profiler over a few steady-state train steps: the kernel table lands in the file `out`."""
     from torch.profiler import ProfilerActivity, profile
 
     from harness.hardware import resolve_hardware
@@ -67,7 +67,7 @@ def profile_steps(cfg, out: Path, steps: int = 3, warm: int = 4) -> None:
             trainer.train_step(step)
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
-    (out / "profile.txt").write_text(f"{steps} steps\n{table}\n")
+    out.write_text(f"{steps} steps\n{table}\n")
     del trainer
 
 
@@ -118,7 +118,7 @@ def measure(label: str, overrides: list[str], args, anchor, results: dict) -> No
             entry["bare_ms"] = bare_loop(OmegaConf.to_object(compose(overrides)))
             cleanup()
         if args.profile:
-            profile_steps(OmegaConf.to_object(compose(overrides)), args.out / "runs" / label)
+            profile_steps(OmegaConf.to_object(compose(overrides)), args.out / f"profile_{label}.txt")
             cleanup()
         if not args.anchor_first:
             entry["anchor"] = anchor_row(anchor, cfg.model.name, cfg.recipe.name, args.out)
@@ -185,9 +185,7 @@ def parse(argv: list[str]):
     p.add_argument("--anchor", default=None, help="path of anchor_gpt.py to run beside the harness")
     p.add_argument("--anchor-first", action="store_true", help="run the anchor row before the harness row")
     p.add_argument("--no-bare", dest="bare", action="store_false")
-    p.add_argument(
-        "--profile", action="store_true", help="also write runs/LABEL/profile.txt (torch.profiler)"
-    )
+    p.add_argument("--profile", action="store_true", help="also write OUT/profile_LABEL.txt (torch.profiler)")
     p.add_argument("--out", type=Path, default=None)
     args, overrides = p.parse_known_args(argv)
     args.out = args.out or Path(tempfile.mkdtemp(prefix="lowp-bench-"))
