@@ -29,7 +29,8 @@ SHAPES = [(256, 512), (128, 128), (300, 200), (1000, 384), (2, 192, 256), (17, 1
 INPUTS = ("normal", "outliers", "tiny", "decades")
 
 
-def make_input(kind: str, shape, gen: torch.Generator) -> torch.Tensor:
+def make_input(kind: str, shape, gen: torch.Generator, dtype=torch.bfloat16) -> torch.Tensor:
+    """The golden README's four input kinds (normal, outliers, tiny, decades) at any shape."""
     x = torch.randn(shape, generator=gen)
     k = shape[-1]
     if kind == "outliers":
@@ -39,7 +40,7 @@ def make_input(kind: str, shape, gen: torch.Generator) -> torch.Tensor:
         x = x * 1e-6
     elif kind == "decades":
         x = x * torch.logspace(-8, 3, k)
-    return x.bfloat16()
+    return x.to(dtype)
 
 
 def cases():

@@ -22,6 +22,7 @@ import harness.numerics.formats as formats
 from harness.numerics import quantize
 from harness.numerics.api import resolve_recipe
 from harness.numerics.formats import E4M3, E5M2, cast_fp8
+from scripts.gpu_fidelity import make_input
 
 F64 = torch.float64
 FLT_MAX = float(torch.finfo(torch.float32).max)
@@ -99,19 +100,6 @@ def ref_blocks(x2, br, bc, scale_of_amax):
 
 # ------------------------------------------------------------------------------------------
 # random cases
-
-
-def make_input(kind: str, shape, gen: torch.Generator, dtype) -> torch.Tensor:
-    x = torch.randn(shape, generator=gen)
-    k = shape[-1]
-    if kind == "outliers":
-        x[..., ::97] *= 300.0
-        x.view(-1, k)[min(7, x.numel() // k - 1)] = 0.0
-    elif kind == "tiny":
-        x = x * 1e-6
-    elif kind == "decades":
-        x = x * torch.logspace(-8, 3, k)
-    return x.to(dtype)
 
 
 def random_shape(gen: torch.Generator) -> tuple[int, ...]:
