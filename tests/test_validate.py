@@ -152,6 +152,11 @@ def test_recipe_needs_its_format():
     assert "quantizer_factory" in error_of("recipe=custom", "recipe.quantizer_factory=null")
 
 
+@pytest.mark.parametrize("override", ["model.num_layers=0", "model.hidden_size=-4", "micro_batch_size=0"])
+def test_sizes_must_be_positive(override):
+    assert override.split("=")[0] in error_of(override)
+
+
 def test_batch_divisibility():
     assert "global_batch_size=10" in error_of("global_batch_size=10", "micro_batch_size=4")
 

@@ -204,6 +204,21 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
             f"global_batch_size={cfg.global_batch_size} is not a multiple of micro_batch_size="
             f"{cfg.micro_batch_size} x {world_size()} ranks: make it one"
         )
+    for key in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "ffn_hidden_size",
+        "seq_length",
+        "vocab_size",
+    ):
+        if getattr(m, key) < 1:
+            errs.append(f"model.{key}={getattr(m, key)}: must be >= 1")
+    for key in ("micro_batch_size", "global_batch_size"):
+        if getattr(cfg, key) < 1:
+            errs.append(f"{key}={getattr(cfg, key)}: must be >= 1")
+    if errs:
+        return errs
     if m.hidden_size % m.num_attention_heads != 0:
         errs.append(
             f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
