@@ -199,7 +199,7 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
             "pick an FP8/FP4 recipe or set optimizer.fp8_param=false"
         )
 
-    if cfg.global_batch_size % (cfg.micro_batch_size * world_size()) != 0:
+    if cfg.micro_batch_size >= 1 and cfg.global_batch_size % (cfg.micro_batch_size * world_size()) != 0:
         errs.append(
             f"global_batch_size={cfg.global_batch_size} is not a multiple of micro_batch_size="
             f"{cfg.micro_batch_size} x {world_size()} ranks: make it one"
