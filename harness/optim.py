@@ -53,7 +53,9 @@ def _tensor_bytes(t) -> int:
 
 
 class MainGrads:
-    """Megatron's fp32 gradient buffer: each backward adds the bf16 grad into a persistent fp32 buffer."""
+    """Megatron's fp32 gradient buffer, one persistent fp32 `main_grad` per parameter. TE layers built
+    with fuse_wgrad_accumulation write their weight grads into it inside the wgrad GEMM (their `.grad`
+    stays None, so no hook fires); every other parameter's bf16 grad is added by a hook and freed."""
 
     def __init__(self, params: list[nn.Parameter]):
         self.params = params

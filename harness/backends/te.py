@@ -96,6 +96,12 @@ def build_te_recipe(r: RecipeConfig, s: StabilityConfig):
     return None
 
 
+def uses_main_grads(cfg: Config) -> bool:
+    """Whether harness.optim builds fp32 main grads for this run (TE with master weights, fp32 grads)."""
+    o = cfg.optimizer
+    return o.master_weights and o.main_grads_dtype == "fp32"
+
+
 class TEBlock(nn.Module):
     """One te.TransformerLayer; `context` (None = inherit the outer autocast) overrides its recipe."""
 
@@ -123,6 +129,9 @@ class TEBlock(nn.Module):
             device="cuda",
             init_method=lambda w: nn.init.normal_(w, 0.0, std),
             output_layer_init_method=lambda w: nn.init.normal_(w, 0.0, out_std),
+            # Megatron's path: the wgrad GEMM accumulates straight into each weight's fp32 `main_grad`
+            # (harness.optim.MainGrads allocates it); no bf16 weight grad is made, no extra add runs
+            fuse_wgrad_accumulation=uses_main_grads(cfg),
         )
         self.context = context
 
