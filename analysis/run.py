@@ -62,20 +62,21 @@ class Run:
         stab, opt = _name_of(self.config.get("stability")), _name_of(self.config.get("optimizer"))
         return f"{stab or 'none'}+{opt or 'adamw_fp32'}"
 
+    def _resolved(self, key: str) -> str | None:
+        """summary, else provenance, else the config's preset name; `auto` (unresolved) counts as unknown."""
+        v = (self.summary or {}).get(key) or self.provenance.get(key)
+        if v is None:
+            v = _name_of(self.config.get(key))
+        return None if v in (None, "auto") else str(v)
+
     @property
     def backend(self) -> str | None:
         """The resolved backend (`te` or `emulated`); None when unknown (never counted as native)."""
-        b = (self.summary or {}).get("backend") or self.provenance.get("backend")
-        if b is None:
-            b = _name_of(self.config.get("backend"))
-        return None if b in (None, "auto") else str(b)
+        return self._resolved("backend")
 
     @property
     def hardware(self) -> str | None:
-        h = (self.summary or {}).get("hardware") or self.provenance.get("hardware")
-        if h is None:
-            h = _name_of(self.config.get("hardware"))
-        return None if h in (None, "auto") else str(h)
+        return self._resolved("hardware")
 
     @property
     def model(self) -> str | None:

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from harness.optim import Optimizer, _tensor_bytes
+from harness.optim import Optimizer, _tensor_bytes, quantized_parts
 
 GIB = 2**30
 
 
-def _is_quantized(p) -> bool:
-    return any(hasattr(p, a) for a in ("_data", "_rowwise_data", "_columnwise_data"))
-
-
-def breakdown(
-    model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None = None, quantized_bytes: int = 0
-) -> dict:
+def breakdown(model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None = None) -> dict:
     """GiB per category; activations are what the measured peak leaves unexplained (an estimate)."""
     params = [p for p in model.parameters()]
-    plain = sum(_tensor_bytes(p) for p in params if not _is_quantized(p))
-    quantized = quantized_bytes + sum(_tensor_bytes(p) for p in params if _is_quantized(p))
+    plain = sum(_tensor_bytes(p) for p in params if not quantized_parts(p))
+    quantized = sum(_tensor_bytes(p) for p in params if quantized_parts(p))
     opt = optimizer.memory_bytes()
     static = plain + quantized + opt["master_weights"] + opt["optimizer_states"] + opt["main_grads"]
     out = {

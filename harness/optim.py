@@ -32,21 +32,26 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+_QUANTIZED_PARTS = (
+    "_data",
+    "_transpose",
+    "_rowwise_data",
+    "_columnwise_data",
+    "_scale_inv",
+    "_rowwise_scale_inv",
+    "_columnwise_scale_inv",
+)
+
+
+def quantized_parts(t) -> list[torch.Tensor]:
+    """The storage tensors of a TE quantized tensor (FP8 data, transposes, scales); [] for a plain one."""
+    parts = [getattr(t, a, None) for a in _QUANTIZED_PARTS]
+    return [x for x in parts if isinstance(x, torch.Tensor)]
+
+
 def _tensor_bytes(t) -> int:
     """Storage bytes, also for TE's quantized tensors (whose nominal dtype is not their storage)."""
-    inner = [
-        getattr(t, a, None)
-        for a in (
-            "_data",
-            "_transpose",
-            "_rowwise_data",
-            "_columnwise_data",
-            "_scale_inv",
-            "_rowwise_scale_inv",
-            "_columnwise_scale_inv",
-        )
-    ]
-    inner = [x for x in inner if isinstance(x, torch.Tensor)]
+    inner = quantized_parts(t)
     if inner:
         return sum(x.numel() * x.element_size() for x in inner)
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0

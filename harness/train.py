@@ -249,9 +249,7 @@ class Trainer:
         ms = self.metrics.timer.median_ms(after_step=min(cfg.bench_warmup_steps, max(summary.steps - 1, 0)))
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         summary.loss_floor = self.data.loss_floor
-        summary.memory = breakdown(
-            self.model, self.optimizer, peak_bytes=peak, **self.backend.memory_extras()
-        )
+        summary.memory = breakdown(self.model, self.optimizer, peak_bytes=peak)
         summary.peak_mem_gib = peak / 2**30 if peak is not None else None
         if ms:
             summary.step_time_ms = ms

@@ -48,10 +48,6 @@ class Backend(ABC):
         """Yield a list that fills with numerics rows for the forward/backward run inside the block."""
         yield []
 
-    def memory_extras(self) -> dict:
-        """Bytes the model's parameters do not show: {'quantized_bytes', 'master_bytes'}."""
-        return {}
-
     def state_dict(self) -> dict:
         """Recipe scale state (amax histories, scales) for checkpoints."""
         return {}
@@ -64,9 +60,9 @@ def resolve_backend_name(cfg: Config) -> str:
     """te or emulated, from backend.name (auto: te where it can run the recipe natively)."""
     if cfg.backend.name != "auto":
         return cfg.backend.name
-    from harness.backends.capability import te_supports
+    from harness.backends.capability import te_recipe_available
 
-    ok, _ = te_supports(cfg)
+    ok, _ = te_recipe_available(cfg.recipe.name)
     return "te" if ok else "emulated"
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 
-from harness.config.schema import Config
-
 _TE_CHECKS = {
     "delayed": "is_fp8_available",
     "tensorwise": "is_fp8_available",
@@ -54,8 +52,3 @@ def te_recipe_available(recipe: str) -> tuple[bool, str]:
     except TypeError:
         ok, reason = fn(), ""
     return bool(ok), str(reason)
-
-
-def te_supports(cfg: Config) -> tuple[bool, str]:
-    """Whether backend=te can run cfg.recipe on this machine, with the reason if not."""
-    return te_recipe_available(cfg.recipe.name)
