@@ -105,3 +105,32 @@ def test_optimizer_cpu_offload_with_delayed_trains(tmp_path):
     )
     assert s.status == "completed" and math.isfinite(s.final_train_loss)
     assert s.memory["host_offloaded_gib"] > 0 and s.memory["optimizer_states_gib"] == 0
+
+
+@needs_cuda
+@needs_te
+def test_fused_wgrad_into_fp32_main_grads_matches_bf16_grads(tmp_path):
+    """Megatron's default keeps fp32 main grads; TE's wgrad GEMM accumulates straight into them
+    (fuse_wgrad_accumulation). Step 0's gradient norm must match the plain bf16-grad path's."""
+    import json
+
+    from harness.train import run
+
+    norms = {}
+    for grads in ("fp32", "bf16"):
+        out = tmp_path / grads
+        s = run(
+            compose_cfg(
+                *GPU_TINY,
+                "backend=te",
+                "recipe=bf16",
+                "steps=2",
+                "log_interval=1",
+                f"optimizer.main_grads_dtype={grads}",
+            ),
+            out,
+        )
+        assert s.status == "completed"
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        norms[grads] = next(r["optim/grad_norm"] for r in rows if "optim/grad_norm" in r)
+    assert norms["fp32"] > 0 and abs(norms["fp32"] - norms["bf16"]) <= 2e-2 * norms["bf16"], norms

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call per phase (DEVELOPERS.md): each writes its figures under $OUT before it returns.
+#   export PYTHONPATH=/tmp/site:$PWD && bash scripts/gpu_session.sh PHASE
+# A: GPU tests + te_vs_emulated mapping/operands   B: te_vs_emulated 300-step curves
+# C: 1.4B anchor comparison + FusedAdam/memory-knob variants   D: 300-step markov loss of the memory knobs
+# E: 8B-like slice anchor comparison + tensorwise micro-batch 4
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+t0=$(date +%s); left() { echo $(( ${1} - ($(date +%s) - t0) )); }
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > "$OUT/gpu_$1.txt" 2>&1
+case "$1" in
+A)
+  timeout 240 python3 -m pytest -q -m gpu tests/test_gpu.py tests/numerics/test_cuda.py -p no:cacheprovider \
+    2>&1 | tail -40 > "$OUT/pytest_gpu.txt"
+  OUT=$OUT timeout "$(left 330)" python3 scripts/te_vs_emulated.py --parts mapping,operands 2>&1 | tail -60 > "$OUT/tve_ops.log"
+  mv "$OUT/te_vs_emulated.json" "$OUT/te_vs_emulated_ops.json" ;;
+B)
+  OUT=$OUT timeout 540 python3 scripts/te_vs_emulated.py --parts curves --steps 300 log_interval=25 \
+    2>&1 | tail -60 > "$OUT/tve_curves.log" ;;
+C)
+  timeout 300 python3 -m harness.bench experiment=h200_1b optimizer=bf16_params steps=24 \
+    --anchor .gpu/anchor_gpt.py --out /tmp/b/c1 2>&1 | tail -25
+  R="bf16_fp32all:recipe=bf16;tw_fp32all:recipe=tensorwise;tw_fp8states:recipe=tensorwise optimizer=fp8_states"
+  R="$R;tw_fp8w:recipe=tensorwise optimizer.fp8_param=true;dl_fp8w:recipe=delayed optimizer.fp8_param=true"
+  R="$R;tw_bf16s_bf16g:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16"
+  R="$R;tw_bf16s_bf16g_fp8w:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16 optimizer.fp8_param=true"
+  R="$R;bf16_bf16s_bf16g:recipe=bf16 optimizer=bf16_states optimizer.main_grads_dtype=bf16"
+  R="$R;dl_cpu_offload:recipe=delayed optimizer.optimizer_cpu_offload=true"
+  timeout "$(left 570)" python3 -m harness.bench experiment=h200_1b steps=24 --no-bare --runs "$R" \
+    --out /tmp/b/c2 2>&1 | tail -25 ;;
+D)
+  M="experiment=h200_1b data=markov data.vocab_size=256 steps=300 eval_interval=25 eval_tokens=32768"
+  M="$M log_interval=25 optimizer.lr=3e-4 optimizer.min_lr=3e-5 optimizer.warmup_steps=30"
+  for spec in "bf16_s0:recipe=bf16 seed=0" "bf16_s1:recipe=bf16 seed=1" \
+      "tw_bf16s_bf16g_fp8w:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16 optimizer.fp8_param=true" \
+      "tw_bf16s_bf16g:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16"; do
+    name=${spec%%:*}; ov=${spec#*:}
+    [ "$(left 575)" -gt 100 ] || { echo "skip $name: time"; continue; }
+    timeout "$(left 580)" python3 -m harness.train $M $ov hydra.run.dir=/tmp/runs/d/$name 2>&1 | tail -3
+  done
+  python3 scripts/collect_runs.py /tmp/runs/d "$OUT/markov_300_1b_knobs.json" ;;
+E)
+  timeout 330 python3 -m harness.bench experiment=h200_8b_slice optimizer=bf16_params steps=24 \
+    --anchor .gpu/anchor_gpt.py --out /tmp/b/e1 2>&1 | tail -25
+  timeout "$(left 570)" python3 -m harness.bench experiment=h200_8b_slice optimizer=bf16_params steps=24 \
+    micro_batch_size=4 global_batch_size=4 --recipes bf16,tensorwise,delayed --no-bare --out /tmp/b/e2 2>&1 | tail -12 ;;
+esac
+for d in /tmp/b/*/; do [ -f "$d/bench.json" ] && cp "$d/bench.json" "$OUT/bench_$(basename "$d").json"; done 2>/dev/null
+echo "phase $1 done in $(( $(date +%s) - t0 )) s"
