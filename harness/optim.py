@@ -70,8 +70,9 @@ class MainGrads:
 
     @staticmethod
     def _accumulate(p: nn.Parameter) -> None:
-        p.main_grad.add_(p.grad)
-        p.grad = None
+        if p.grad is not None:  # None where TE's wgrad GEMM already wrote into main_grad
+            p.main_grad.add_(p.grad)
+            p.grad = None
 
     def grads(self) -> list[torch.Tensor]:
         return [p.main_grad for p in self.params]
