@@ -126,6 +126,7 @@ def test_fused_wgrad_into_fp32_main_grads_matches_bf16_grads(tmp_path):
                 "recipe=bf16",
                 "steps=2",
                 "log_interval=1",
+                "optimizer.use_precision_aware_optimizer=true",
                 f"optimizer.main_grads_dtype={grads}",
             ),
             out,
