@@ -33,7 +33,6 @@ D)
   M="experiment=h200_1b data=markov data.vocab_size=256 steps=300 eval_interval=25 eval_tokens=32768"
   M="$M log_interval=25 optimizer.lr=3e-4 optimizer.min_lr=3e-5 optimizer.warmup_steps=30"
   for spec in "bf16_s0:recipe=bf16 seed=0" "bf16_s1:recipe=bf16 seed=1" \
-      "tw_bf16s_bf16g_fp8w:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16 optimizer.fp8_param=true" \
       "tw_bf16s_bf16g:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16"; do
     name=${spec%%:*}; ov=${spec#*:}
     [ "$(left 575)" -gt 100 ] || { echo "skip $name: time"; continue; }
