@@ -138,11 +138,13 @@ def test_load_into_te_refuses_missing_or_extra_names():
 
 def test_criterion_compares_each_logged_step_with_the_seed_spread():
     curve = lambda *v: {"train": [[s, x] for s, x in zip((1, 10, 20), v, strict=True)]}  # noqa: E731
-    ok = criterion(
-        curve(5.0, 4.0, 3.0), curve(5.0, 4.01, 3.02), curve(5.0, 4.0, 3.0), curve(5.1, 4.1, 3.1), "train"
-    )
-    assert ok["holds"] and ok["violating_steps"] == []
-    bad = criterion(
-        curve(5.0, 4.0, 3.0), curve(5.2, 4.0, 3.0), curve(5.0, 4.0, 3.0), curve(5.1, 4.1, 3.1), "train"
-    )
+    seeds = [curve(5.0, 4.0, 3.0), curve(5.1, 4.1, 3.1)]
+    ok = criterion(curve(5.0, 4.0, 3.0), curve(5.0, 4.01, 3.02), seeds, "train")
+    assert ok["holds"] and ok["violating_steps"] == [] and ok["holds_vs_mean_pairwise"]
+    bad = criterion(curve(5.0, 4.0, 3.0), curve(5.2, 4.0, 3.0), seeds, "train")
     assert not bad["holds"] and bad["violating_steps"] == [1]
+    # seeds 0 and 1 cross at step 20; the mean over three seeds' pairs is (0 + .3 + .3) / 3 = .2
+    crossing = [curve(5.0, 4.0, 3.0), curve(5.1, 4.1, 3.0), curve(5.2, 4.2, 3.3)]
+    c = criterion(curve(5.0, 4.0, 3.0), curve(5.0, 4.0, 3.1), crossing, "train")
+    assert c["violating_steps"] == [20] and c["holds_vs_mean_pairwise"]
+    assert c["rows"][2] == [20, pytest.approx(0.1), 0.0, pytest.approx(0.2)]
