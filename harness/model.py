@@ -27,11 +27,34 @@ class Ops(Protocol):
     def activation(self, name: str, kind: str) -> nn.Module: ...
 
 
+def bf16_values(x: torch.Tensor) -> torch.Tensor:
+    """An fp32 tensor rounded to bf16 values, kept in fp32 storage (a bf16 tensor passes unchanged).
+
+    TE's bf16 TransformerLayer holds the embeddings, the residual stream and the norm parameters in
+    bf16; the emulated GPT (fp32 masters, fp32 storage for speed on CPUs) holds the same values."""
+    return x.to(torch.bfloat16).float() if x.dtype == torch.float32 else x
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in fp32 from bf16 values of x and of its parameters, as TE's kernel does;
+    the output stays fp32 (the consumer rounds it, or, where TE fuses the cast, quantizes it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = bf16_values(self.weight)
+        b = bf16_values(self.bias) if self.bias is not None else None
+        return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
+
+
+class RMSNorm(nn.RMSNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, bf16_values(self.weight), self.eps)
+
+
 def norm(cfg: ModelConfig) -> nn.Module:
     if cfg.normalization == "LayerNorm":
-        return nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        return LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
     if cfg.normalization == "RMSNorm":
-        return nn.RMSNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        return RMSNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
     raise ValueError(f"model.normalization={cfg.normalization}: use LayerNorm or RMSNorm")
 
 
@@ -100,8 +123,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, ops, f"{prefix}.mlp")
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), rope)  # residual stream stays fp32, as under autocast
-        return x + self.mlp(self.ln2(x))
+        # the residual stream holds bf16 values, as in TE's bf16 TransformerLayer
+        x = bf16_values(x + self.attn(self.ln1(x), rope))
+        return bf16_values(x + self.mlp(self.ln2(x)))
 
 
 class GPT(nn.Module):
@@ -141,9 +165,9 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
-        x = self.wte(idx)  # (B, T, C) fp32
+        x = bf16_values(self.wte(idx))  # (B, T, C): bf16 values (TE: bf16 embeddings)
         if self.wpe is not None:
-            x = x + self.wpe.weight[:T]
+            x = bf16_values(x + bf16_values(self.wpe.weight[:T]))
         rope = (self.rope_cos, self.rope_sin) if self.wpe is None else None
         for block in self.blocks:
             x = block(x, rope) if isinstance(block, Block) else block(x)

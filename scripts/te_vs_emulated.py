@@ -204,6 +204,34 @@ def capture_qkv_gemm(te, x) -> tuple:
     return seen[0]
 
 
+def capture_lowp_qkv_input(em, x) -> dict:
+    """lowp's own input operand of block 0's QKV GEMM in a training forward of the emulated GPT:
+    its embeddings, bf16 residual, norm and (fused or not, as TE) cast, from the same weights."""
+    q = em.model.blocks[0].attn.qkv.quant
+    orig, seen = q.quantize_input, []
+
+    def spy(x2, need_columnwise):
+        row, col = orig(x2, need_columnwise)
+        if not seen:
+            seen.append((row, col))
+        return row, col
+
+    q.quantize_input = spy
+    try:
+        with em.backend.autocast():
+            em.model(x)
+    finally:
+        del q.quantize_input  # the class's method again
+    row, col = seen[0]
+    parts = (
+        row.data,
+        None if col is None else col.data,
+        row.scale_inv,
+        None if col is None else col.scale_inv,
+    )
+    return {"parts": dict(zip(FIELDS, parts)), "deq": row.dequantize().float()}
+
+
 def te_kind(recipe, role: str) -> tuple[str, dict]:
     """gpu_fidelity's TE quantizer spec for this recipe config and role (forward roles: E4M3)."""
     if recipe.name == "delayed":
@@ -230,6 +258,7 @@ def compare_operands(recipe_name: str) -> dict:
     load_into_te(te.model, sd, n_head)
     x = next(em.batches)[0].cuda()
     w_te, in_te = capture_qkv_gemm(te, x)
+    own_in = capture_lowp_qkv_input(em, x)
     mod = te.model.blocks[0].layer.self_attention.layernorm_qkv
     with torch.no_grad():
         h_te = (te.model.wte(x) + te.model.wpe.weight[: x.shape[1]]).reshape(-1, mod.in_features)  # bf16
@@ -261,9 +290,13 @@ def compare_operands(recipe_name: str) -> dict:
             "te_training_operand_vs_te_quantizer": mismatches(cut(captured["parts"]), te_q),
             "dequant_lowp_vs_te_training_operand": bits_differ(lowp_row.dequantize(), te_deq),
         }
-        if own is not None:  # lowp's whole path: its own LN output, its own quantizer
-            own_deq = lowp_parts(recipe, role, own, scale)[1].dequantize()
-            res["dequant_lowp_own_ln_vs_te_training_operand"] = bits_differ(own_deq, te_deq)
+        if own is not None:  # lowp's whole path: its own model's operand in a training forward
+            res["lowp_model_operand_vs_te_training_operand"] = mismatches(
+                cut(own_in["parts"]), cut(captured["parts"])
+            )
+            res["dequant_lowp_model_operand_vs_te_training_operand"] = bits_differ(own_in["deq"], te_deq)
+            own_deq = lowp_parts(recipe, role, own, scale)[1].dequantize()  # the bf16-rounded LN
+            res["dequant_lowp_bf16_ln_vs_te_training_operand"] = bits_differ(own_deq, te_deq)
         else:  # the weight quantized in lowp's own model (the same row layout as TE's)
             rows = lowp_parts(recipe, role, w_em, scale)[1].dequantize()
             res["dequant_lowp_model_layout_vs_te_training_operand"] = bits_differ(rows, te_deq)

@@ -1,9 +1,10 @@
 """The emulated backend: the GPT in pure PyTorch, each GEMM operand quantized as TE would.
 
 BF16 semantics without torch.autocast: GEMM operands are rounded to bf16, products accumulate in
-fp32 and the output is rounded to bf16 -- what a bf16 tensor-core GEMM does. On a CPU without bf16
-units the GEMM itself runs in fp32 (about 7x faster there than torch's bf16 matmul, same numbers up
-to accumulation order); on CUDA it is a native bf16 GEMM.
+fp32 and the output is rounded to bf16 -- what a bf16 tensor-core GEMM does; embeddings, the
+residual stream and norm parameters hold bf16 values (harness.model.bf16_values), as in TE. On a
+CPU without bf16 units the GEMM itself runs in fp32 (about 7x faster there than torch's bf16
+matmul, same numbers up to accumulation order); on CUDA it is a native bf16 GEMM.
 
 Quantized recipes swap in `harness.numerics.QuantizedLinear` (the emulated TE Linear) for the
 block linears the precision plan assigns them; INT4 QAT fake-quantizes those weights and keeps
@@ -26,6 +27,29 @@ from harness.numerics.formats import E4M3, cast_fp8
 from harness.numerics.int4 import fake_int4
 
 BF16 = torch.bfloat16
+
+# Where TE 2.20.2's TransformerLayer casts an operand to FP8 inside the kernel that computes it, from
+# fp32, with no bf16 rounding in between (csrc/extensions/normalization.cpp and activation.cpp pick
+# FULLY_FUSED for Float8Quantizer -- delayed scaling -- and for MXFP8; layernorm_mlp.py's _act_func
+# fuses dbias+dgelu+cast for delayed and MXFP8). Elsewhere (tensorwise, blockwise, NVFP4; SwiGLU's
+# backward) the producer writes bf16 and a separate cast quantizes that. Keys: the linear's last name.
+#   input: qkv and fc1 read the norm output (LayerNormLinear / LayerNormMLP; MXFP8's fused norm needs
+#          NVTE_NORM_FWD_USE_CUDNN=1, not set by lowp), fc2 reads the activation output;
+#   grad:  fc1's grad output is the activation's backward (GELU only).
+TE_FUSED_CASTS = {
+    "input": {"qkv": ("delayed",), "fc1": ("delayed",), "fc2": ("delayed", "mxfp8")},
+    "grad": {"fc1": ("delayed", "mxfp8")},
+}
+
+
+def fused_casts(name: str, recipe: str, activation: str) -> dict[str, bool]:
+    """QuantizedLinear's fused-cast flags for the linear `name` (e.g. blocks.0.mlp.fc1)."""
+    leaf = name.rsplit(".", 1)[-1]
+    fused_in = recipe in TE_FUSED_CASTS["input"].get(leaf, ())
+    fused_grad = activation == "gelu" and recipe in TE_FUSED_CASTS["grad"].get(leaf, ())
+    # fc1's output feeds the activation: keep it fp32 when the activation's cast or backward is fused
+    feeds_fused_act = leaf == "fc1" and recipe in TE_FUSED_CASTS["input"]["fc2"]
+    return {"fused_input_cast": fused_in, "fused_grad_cast": fused_grad, "fp32_output": feeds_fused_act}
 
 
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -148,7 +172,12 @@ class EmulatedBackend(Backend):
         else:
             stab = self.cfg.stability
             quant = QuantizedLinear(
-                name, recipe, self.numerics, fp8_wgrad=stab.fp8_wgrad, margin=stab.fp8_margin
+                name,
+                recipe,
+                self.numerics,
+                fp8_wgrad=stab.fp8_wgrad,
+                margin=stab.fp8_margin,
+                **fused_casts(name, recipe.name, self.cfg.model.activation),
             )
         self.modules[name] = quant
         return quant

@@ -33,8 +33,18 @@ class QuantizedLinear:
         *,
         fp8_wgrad: bool = True,
         margin: float = 0.0,
+        fused_input_cast: bool = False,
+        fused_grad_cast: bool = False,
+        fp32_output: bool = False,
     ):
+        """`fused_input_cast` / `fused_grad_cast`: TE casts this GEMM's input (norm or activation
+        output) / grad output (the activation's backward) to FP8 inside the kernel that computes it,
+        straight from fp32, with no bf16 rounding first (TE_FUSED_CASTS in harness.backends.emulated).
+        `fp32_output`: the output keeps fp32 storage (bf16 values) so that the activation after it
+        runs in fp32 and its backward hands back an unrounded gradient."""
         self.name, self.recipe, self.context, self.fp8_wgrad = name, recipe, context, fp8_wgrad
+        self.fused_input_cast, self.fused_grad_cast = fused_input_cast, fused_grad_cast
+        self.fp32_output = fp32_output
         self.calls = 0
         self._weight_cache: tuple | None = None
         if recipe.name == "delayed":
@@ -88,6 +98,8 @@ class QuantizedLinear:
     def __repr__(self) -> str:
         q = self.quantizers
         extra = "" if self.fp8_wgrad else ", wgrad=bf16"
+        fused = [r for r, f in (("input", self.fused_input_cast), ("grad", self.fused_grad_cast)) if f]
+        extra += f", fused fp32 cast={'+'.join(fused)}" if fused else ""
         return f"{self.recipe.name}(input={q['input']!r}, weight={q['weight']!r}, grad={q['grad']!r}{extra})"
 
 
@@ -100,7 +112,8 @@ class _QuantizedLinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, bias, mod: QuantizedLinear):
         mod.calls += 1
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        x2 = x.reshape(-1, x.shape[-1]).to(BF16)  # (M, K): TE quantizes the bf16 activation
+        x2 = x.reshape(-1, x.shape[-1])  # (M, K): TE quantizes the bf16 activation, or fp32 where fused
+        x2 = x2.float() if mod.fused_input_cast else x2.to(BF16)
         xr, xc = mod.quantize_input(x2, need_dw and mod.fp8_wgrad)
         wr, wc = mod.quantize_weight(weight, need_dx)
         m = x2.shape[0]
@@ -115,14 +128,16 @@ class _QuantizedLinearFn(torch.autograd.Function):
         ctx.mod, ctx.x_dtype, ctx.x_shape = mod, x.dtype, x.shape
         ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype if bias is not None else None
         ctx.first = mod.context.claim_first()
-        return y.to(BF16).view(*x.shape[:-1], weight.shape[0])
+        y = y.to(BF16).float() if mod.fp32_output else y.to(BF16)
+        return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
         mod: QuantizedLinear = ctx.mod
         x_saved, wc = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(BF16)  # (M, N)
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (M, N)
+        dy2 = dy2.float() if mod.fused_grad_cast else dy2.to(BF16)
         fp8_dw = need_dw and mod.fp8_wgrad
         dyr, dyc = mod.quantize_grad(dy2, True, fp8_dw)
         dx = dw = db = None

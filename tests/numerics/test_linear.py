@@ -119,3 +119,95 @@ def test_activation_fp8_input_store():
 
 def test_forward_is_not_an_autograd_leak():
     assert issubclass(_QuantizedLinearFn, torch.autograd.Function)
+
+
+@pytest.mark.parametrize(
+    "recipe,act,expect",
+    [  # (qkv input, fc1 input, fc2 input, fc1 grad, fc1 fp32 output)
+        ("delayed", "gelu", (True, True, True, True, True)),
+        ("delayed", "swiglu", (True, True, True, False, True)),
+        ("mxfp8", "gelu", (False, False, True, True, True)),
+        ("tensorwise", "gelu", (False,) * 5),
+        ("blockwise", "gelu", (False,) * 5),
+        ("nvfp4", "gelu", (False,) * 5),
+    ],
+)
+def test_fused_cast_table_follows_te(recipe, act, expect):
+    from harness.backends.emulated import fused_casts
+
+    f = {leaf: fused_casts(f"blocks.3.x.{leaf}", recipe, act) for leaf in ("qkv", "proj", "fc1", "fc2")}
+    got = (
+        f["qkv"]["fused_input_cast"],
+        f["fc1"]["fused_input_cast"],
+        f["fc2"]["fused_input_cast"],
+        f["fc1"]["fused_grad_cast"],
+        f["fc1"]["fp32_output"],
+    )
+    assert got == expect
+    assert not any(f["proj"].values())  # the attention output arrives in bf16 under every recipe
+
+
+def _block0_operands(recipe: str, monkeypatch) -> dict:
+    """The tensors block 0's QKV and fc1 hand to their quantizers in one training step, and the
+    norm outputs they came from."""
+    cfg = compose_cfg("model=gpt_tiny", f"recipe={recipe}", "backend=emulated", "logger=none")
+    backend = build_backend(cfg, torch.device("cpu"))
+    model = backend.build_model()
+    seen: dict = {}
+    blk = model.blocks[0]
+    blk.ln1.register_forward_hook(lambda m, i, o: seen.setdefault("ln1", o.detach()))
+    for name in ("qkv", "fc1"):
+        q = (blk.attn.qkv if name == "qkv" else blk.mlp.fc1).quant
+        orig_in, orig_grad = q.quantize_input, q.quantize_grad
+        monkeypatch.setattr(
+            q, "quantize_input", lambda x, c, n=name, f=orig_in: (seen.setdefault(n, x), f(x, c))[1]
+        )
+        monkeypatch.setattr(
+            q,
+            "quantize_grad",
+            lambda d, r, c, n=name, f=orig_grad: (seen.setdefault(n + "_grad", d), f(d, r, c))[1],
+        )
+    idx = torch.randint(
+        0, cfg.model.vocab_size, (2, cfg.model.seq_length), generator=torch.Generator().manual_seed(0)
+    )
+    with backend.autocast():
+        logits = model(idx)
+    logits.float().square().mean().backward()
+    return seen
+
+
+def test_delayed_quantizes_norm_output_and_dgelu_from_fp32(monkeypatch):
+    """TE's fused LayerNorm+cast and dbias_dgelu+cast under delayed scaling: no bf16 rounding first."""
+    seen = _block0_operands("delayed", monkeypatch)
+    ln = seen["ln1"].reshape(-1, seen["ln1"].shape[-1])
+    assert seen["qkv"].dtype == torch.float32 and torch.equal(seen["qkv"], ln)
+    assert not torch.equal(ln, ln.to(BF16).float())  # the fp32 values really are finer than bf16
+    g = seen["fc1_grad"]
+    assert g.dtype == torch.float32 and not torch.equal(g, g.to(BF16).float())
+
+
+def test_tensorwise_quantizes_bf16_norm_output(monkeypatch):
+    seen = _block0_operands("tensorwise", monkeypatch)
+    ln = seen["ln1"].reshape(-1, seen["ln1"].shape[-1])
+    assert seen["qkv"].dtype == BF16 and torch.equal(seen["qkv"], ln.to(BF16))
+    assert seen["fc1_grad"].dtype == BF16
+
+
+def test_residual_stream_and_norm_parameters_hold_bf16_values():
+    from harness.model import bf16_values
+
+    cfg = compose_cfg("model=gpt_tiny", "recipe=bf16", "backend=emulated", "logger=none")
+    model = build_backend(cfg, torch.device("cpu")).build_model()
+    outs = []
+    for blk in model.blocks:
+        blk.register_forward_hook(lambda m, i, o: outs.append(o.detach()))
+    with torch.no_grad():
+        model.blocks[0].ln1.weight.add_(1e-4 * torch.randn_like(model.blocks[0].ln1.weight))  # not bf16-exact
+        model(torch.zeros(1, 16, dtype=torch.long))
+        x = torch.randn(1, 16, cfg.model.hidden_size)
+        ln = model.blocks[0].ln1
+        ref = torch.nn.functional.layer_norm(
+            x, ln.normalized_shape, bf16_values(ln.weight), bf16_values(ln.bias)
+        )
+        assert torch.equal(ln(x), ref)
+    assert outs and all(o.dtype == torch.float32 and torch.equal(o, bf16_values(o)) for o in outs)
