@@ -36,6 +36,7 @@ class StepTimer:
         self.cuda = device.type == "cuda"
         self.pending: list[tuple[int, object, object]] = []
         self.times_ms: dict[int, float] = {}
+        self.cold: set[int] = set()  # steps that began right after a host sync (an empty GPU queue)
         self._start = None
 
     def start(self) -> None:
@@ -62,9 +63,14 @@ class StepTimer:
             self.pending.clear()
 
     def median_ms(self, after_step: int) -> float | None:
+        """Median of the steps from `after_step` on, leaving out those that began right after a
+        host sync (logging, eval, checkpoint): they start with an empty GPU queue, so the CPU's
+        launch latency shows in them. They count only if no other step is left."""
         self.collect()
-        steady = [t for s, t in self.times_ms.items() if s >= after_step]
-        return statistics.median(steady) if steady else None
+        steady = {s: t for s, t in self.times_ms.items() if s >= after_step}
+        warm = [t for s, t in steady.items() if s not in self.cold]
+        timed = warm or list(steady.values())
+        return statistics.median(timed) if timed else None
 
 
 class MetricsProcessor:

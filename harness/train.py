@@ -205,10 +205,15 @@ class Trainer:
                     )
                     log.warning("diverged at step %d: %s", step + 1, cause)
                     return summary
+            synced = self.metrics.should_log(step, cfg.steps - 1) or step == 0
             if self._due(cfg.eval_interval, step):
                 self._eval_row(step, summary)
+                synced = True
             if self._due(cfg.checkpoint_interval, step):
                 self.checkpoint(step)
+                synced = True
+            if synced:
+                self.metrics.timer.cold.add(step + 1)
         self._eval_row(cfg.steps - 1, summary)
         if cfg.checkpoint_interval >= 0:
             self.checkpoint(cfg.steps - 1)
