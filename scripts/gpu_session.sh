@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call per phase (DEVELOPERS.md): each writes its figures under $OUT before it returns.
 #   export PYTHONPATH=/tmp/site:$PWD && bash scripts/gpu_session.sh PHASE
-# A: GPU tests + te_vs_emulated mapping/operands   B: te_vs_emulated 300-step curves
+# A: GPU tests + te_vs_emulated (mapping, operands, 300-step curves; about 3 minutes after the TE build)
+# B: te_vs_emulated's 300-step curves alone
 # C: 1.4B anchor comparison + FusedAdam/memory-knob variants   D: 300-step markov loss of the memory knobs
 # E: 8B-like slice anchor comparison + tensorwise micro-batch 4
 set -uo pipefail
@@ -13,10 +14,10 @@ case "$1" in
 A)
   timeout 240 python3 -m pytest -q -m gpu tests/test_gpu.py tests/numerics/test_cuda.py -p no:cacheprovider \
     2>&1 | tail -40 > "$OUT/pytest_gpu.txt"
-  OUT=$OUT timeout "$(left 330)" python3 scripts/te_vs_emulated.py --parts mapping,operands 2>&1 | tail -60 > "$OUT/tve_ops.log"
-  mv "$OUT/te_vs_emulated.json" "$OUT/te_vs_emulated_ops.json" ;;
+  OUT=$OUT timeout "$(left 420)" python3 scripts/te_vs_emulated.py --steps 300 --bf16-seeds 4 log_interval=25 \
+    2>&1 | tail -60 > "$OUT/tve.log" ;;
 B)
-  OUT=$OUT timeout 540 python3 scripts/te_vs_emulated.py --parts curves --steps 300 log_interval=25 \
+  OUT=$OUT timeout 540 python3 scripts/te_vs_emulated.py --parts curves --steps 300 --bf16-seeds 4 log_interval=25 \
     2>&1 | tail -60 > "$OUT/tve_curves.log" ;;
 C)
   timeout 300 python3 -m harness.bench experiment=h200_1b optimizer=bf16_params steps=24 \
