@@ -263,7 +263,10 @@ def compare_operands(recipe_name: str) -> dict:
     with torch.no_grad():
         h_te = (te.model.wte(x) + te.model.wpe.weight[: x.shape[1]]).reshape(-1, mod.in_features)  # bf16
         ln_te = te_layernorm(mod, h_te)
-        h_em = em.model.wte(x) + em.model.wpe.weight[: x.shape[1]]  # fp32 residual stream
+        from harness.model import bf16_values
+
+        wte, wpe = bf16_values(em.model.wte(x)), bf16_values(em.model.wpe.weight[: x.shape[1]])
+        h_em = bf16_values(wte + wpe)  # the emulated GPT's block input (bf16 values, as TE's)
         ln_em = em.model.blocks[0].ln1(h_em).reshape(-1, mod.in_features).to(torch.bfloat16)
     out = {
         "ln": {
