@@ -188,6 +188,11 @@ def training_flags(cfg: Config) -> list[tuple[str, object]]:
 def megatron_args(cfg: Config) -> tuple[list[str], list[str]]:
     """(argv tokens, comment lines) for Megatron-LM's pretrain_gpt.py."""
     rflags, notes = recipe_flags(cfg)
+    if cfg.model.lm_head_loss_chunks:
+        notes.append(
+            f"# model.lm_head_loss_chunks={cfg.model.lm_head_loss_chunks} has no Megatron flag: Megatron "
+            "makes the whole logits (--cross-entropy-loss-fusion fuses the loss kernel only)"
+        )
     argv: list[str] = []
     for flag, value in model_flags(cfg) + rflags + training_flags(cfg):
         argv.append(flag)

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from harness.config.schema import ModelConfig
+from harness.loss import chunked_linear_cross_entropy, loss_fn  # noqa: F401 (loss_fn: re-exported)
 
 
 class Ops(Protocol):
@@ -164,6 +165,19 @@ class GPT(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.hidden(idx))  # (B, T, V)
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross entropy; with model.lm_head_loss_chunks > 0 the LM head and the
+        loss run fused in chunks of tokens (harness.loss), never holding the whole logits."""
+        h = self.hidden(idx)
+        chunks = self.cfg.lm_head_loss_chunks
+        if chunks > 0:  # the LM head has no bias
+            return chunked_linear_cross_entropy(h, self.lm_head.weight, targets, chunks)
+        return loss_fn(self.lm_head(h), targets)
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final norm's output (B, T, C): everything before the LM head."""
         B, T = idx.shape
         x = bf16_values(self.wte(idx))  # (B, T, C): bf16 values (TE: bf16 embeddings)
         if self.wpe is not None:
@@ -171,16 +185,11 @@ class GPT(nn.Module):
         rope = (self.rope_cos, self.rope_sin) if self.wpe is None else None
         for block in self.blocks:
             x = block(x, rope) if isinstance(block, Block) else block(x)
-        return self.lm_head(self.ln_f(x))  # (B, T, V)
+        return self.ln_f(x)
 
 
 def _is_plain_block_param(name: str) -> bool:
     return any(part in name for part in (".attn.qkv.", ".attn.proj.", ".mlp.fc1.", ".mlp.fc2."))
-
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    # cross entropy in fp32 whatever the logits' dtype
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
 def count_params(model: nn.Module) -> dict[str, int]:

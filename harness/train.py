@@ -34,7 +34,7 @@ from harness.data import build_data
 from harness.hardware import device_for, resolve_hardware
 from harness.loggers import open_logger
 from harness.memory import breakdown
-from harness.model import count_params, flops_per_token, loss_fn
+from harness.model import count_params, flops_per_token
 from harness.optim import build_optimizer, clip_grad, lr_at, set_lr
 
 log = logging.getLogger("lowp")
@@ -118,7 +118,7 @@ class Trainer:
                     else None
                 )
                 with self.backend.autocast():
-                    loss = loss_fn(self.model(x), y) / self.accum
+                    loss = self.model.loss(x, y) / self.accum
                 loss.backward()
             if rows:
                 self._log_telemetry(step, rows)
@@ -145,7 +145,7 @@ class Trainer:
         losses = []
         for x, y in self.eval_set:
             with self.backend.autocast():
-                losses.append(loss_fn(self.model(x.to(self.device)), y.to(self.device)))
+                losses.append(self.model.loss(x.to(self.device), y.to(self.device)))
         return torch.stack(losses).mean().item()
 
     def checkpoint(self, step: int) -> None:

@@ -5,6 +5,7 @@
 # B: te_vs_emulated's 300-step curves alone
 # C: 1.4B anchor comparison + FusedAdam/memory-knob variants   D: 300-step markov loss of the memory knobs
 # E: 8B-like slice anchor comparison + tensorwise micro-batch 4
+# F: the LM head + loss in chunks (model.lm_head_loss_chunks) toward 1.4B tensorwise <= 225 ms and <= 34 GiB
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -45,6 +46,15 @@ E)
     --anchor .gpu/anchor_gpt.py --out /tmp/b/e1 2>&1 | tail -25
   timeout "$(left 570)" python3 -m harness.bench experiment=h200_8b_slice optimizer=bf16_params steps=24 \
     micro_batch_size=4 global_batch_size=4 --recipes bf16,tensorwise,delayed --no-bare --out /tmp/b/e2 2>&1 | tail -12 ;;
+F)
+  R="tw:recipe=tensorwise;tw_ce8:recipe=tensorwise model.lm_head_loss_chunks=8"
+  R="$R;tw_ce16:recipe=tensorwise model.lm_head_loss_chunks=16;bf16_ce8:recipe=bf16 model.lm_head_loss_chunks=8"
+  timeout 400 python3 -m harness.bench experiment=h200_1b optimizer=bf16_params steps=24 --no-bare --runs "$R" \
+    --out /tmp/b/f1 2>&1 | tail -8
+  R="knob:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16"
+  R="$R;knob_ce8:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16 model.lm_head_loss_chunks=8"
+  timeout "$(left 570)" python3 -m harness.bench experiment=h200_1b steps=24 --no-bare --runs "$R" \
+    --out /tmp/b/f2 2>&1 | tail -5 ;;
 esac
 for d in /tmp/b/*/; do [ -f "$d/bench.json" ] && cp "$d/bench.json" "$OUT/bench_$(basename "$d").json"; done 2>/dev/null
 echo "phase $1 done in $(( $(date +%s) - t0 )) s"

@@ -112,3 +112,9 @@ def test_cli_prints_flags_and_refuses_illegal_configs():
     assert res.returncode == 0 and "--fp8-recipe tensorwise" in res.stdout
     res = run_cli(["-m", "harness.megatron", "experiment=fp8_cpu_offload", "recipe=tensorwise"])
     assert res.returncode == 2 and res.stderr.strip().startswith("error: optimizer.optimizer_cpu_offload")
+
+
+def test_lm_head_loss_chunks_is_a_note_not_a_flag():
+    argv, notes = megatron_args(compose_cfg("model=gpt_tiny", "model.lm_head_loss_chunks=8"))
+    assert not any("chunk" in a for a in argv)
+    assert any("lm_head_loss_chunks=8" in n and n.startswith("#") for n in notes)

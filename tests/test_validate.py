@@ -199,3 +199,10 @@ def test_multirun_validates_every_job_before_the_first(tmp_path):
     assert res.returncode == 2, res.stderr[-2000:]
     assert "first_last_layers_bf16" in res.stderr
     assert not list(tmp_path.rglob("run.json"))  # job 0 (bf16, none) was valid but never started
+
+
+def test_lm_head_loss_chunks_range():
+    msg = error_of("model=gpt_tiny", "model.lm_head_loss_chunks=-1")
+    assert "model.lm_head_loss_chunks=-1" in msg and "use 0" in msg
+    cfg = compose_cfg("model=gpt_tiny", "model.lm_head_loss_chunks=4")
+    validate(cfg)

@@ -154,7 +154,7 @@ class TEOps:
 
 
 class TEGPT(GPT):
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
         x = self.wte(idx)  # (B, T, C) bf16
         if self.wpe is not None:
@@ -162,7 +162,7 @@ class TEGPT(GPT):
         rope = self.rope_emb(T) if self.rope_emb is not None else None
         for block in self.blocks:
             x = block(x, rope)
-        return self.lm_head(self.ln_f(x))  # (B, T, V)
+        return self.ln_f(x)
 
 
 class TEBackend(Backend):

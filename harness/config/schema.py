@@ -179,6 +179,10 @@ class ModelConfig:
     """Std of the normal weight init."""
     layernorm_epsilon: float = 1e-5
     """Norm epsilon."""
+    lm_head_loss_chunks: int = 0
+    """0: the LM head's logits are made whole, then the loss. N > 0: the LM head and the cross
+    entropy run fused over N chunks of tokens and never hold the whole logits (Liger's fused
+    linear cross entropy; saves several GiB at vocab 50k)."""
 
 
 @dataclass

@@ -142,6 +142,12 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
         errs.append("recipe=custom needs recipe.fp8 or recipe.fp4 (which format the factory emits)")
     if r.fp8_amax_history_len < 1:
         errs.append(f"recipe.fp8_amax_history_len={r.fp8_amax_history_len}: must be >= 1")
+    tokens = cfg.micro_batch_size * m.seq_length
+    if not 0 <= m.lm_head_loss_chunks <= tokens:
+        errs.append(
+            f"model.lm_head_loss_chunks={m.lm_head_loss_chunks}: use 0 (whole logits) or 1..{tokens} "
+            "(the tokens of a micro-batch)"
+        )
     for key in ("x_block_dim", "w_block_dim", "grad_block_dim"):
         if getattr(r, key) not in (1, 2):
             errs.append(f"recipe.{key}={getattr(r, key)}: use 1 (1x128 blocks) or 2 (128x128 tiles)")

@@ -184,19 +184,44 @@ def make_harness_sweep(root: Path) -> Path:
     import sys
 
     sweep = root / "harness_sweep"
-    args = [sys.executable, "-m", "harness.train", "-m", "model=gpt_tiny", "backend=emulated", "hardware=cpu",
-            "steps=12", "log_interval=2", "eval_interval=4", "eval_tokens=2048", "telemetry_interval=4",
-            "micro_batch_size=4", "global_batch_size=4", "data.num_tokens=200000", "logger=none",
-            "recipe=bf16,tensorwise,nvfp4", "seed=0,1", f"hydra.sweep.dir={sweep}"]
+    args = [
+        sys.executable,
+        "-m",
+        "harness.train",
+        "-m",
+        "model=gpt_tiny",
+        "backend=emulated",
+        "hardware=cpu",
+        "steps=12",
+        "log_interval=2",
+        "eval_interval=4",
+        "eval_tokens=2048",
+        "telemetry_interval=4",
+        "micro_batch_size=4",
+        "global_batch_size=4",
+        "data.num_tokens=200000",
+        "logger=none",
+        "recipe=bf16,tensorwise,nvfp4",
+        "seed=0,1",
+        f"hydra.sweep.dir={sweep}",
+    ]
     repo = Path(__file__).resolve().parents[2]
-    res = subprocess.run(args, cwd=repo, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    res = subprocess.run(
+        args,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return sweep
 
 
-SWEEP_SOURCES: dict[str, Callable[[Path], Path]] = {"synthetic": make_synthetic_sweep,
-                                                      "harness": make_harness_sweep}
+SWEEP_SOURCES: dict[str, Callable[[Path], Path]] = {
+    "synthetic": make_synthetic_sweep,
+    "harness": make_harness_sweep,
+}
 
 
 @pytest.fixture(scope="session", params=sorted(SWEEP_SOURCES))

@@ -1,0 +1,88 @@
+"""The LM head and cross entropy, whole or in chunks of tokens.
+
+Whole: `loss_fn(lm_head(h), targets)` holds the bf16 logits, their fp32 copy and the saved softmax,
+several GiB at vocab 50k (the 1.4B anchor shape: 16,384 tokens x 50,304 x (2 + 4 + 4) bytes = 8 GB).
+
+Chunked (`model.lm_head_loss_chunks=N`): a fused linear cross entropy, as Liger's
+FusedLinearCrossEntropy does. Each chunk of tokens computes its bf16 logits, its loss and, right
+there, its gradients (softmax - one-hot, rounded to bf16 as the logits' grad would be); only
+d(hidden) and d(W) are kept for backward. Peak extra memory: one chunk's logits instead of all.
+The numbers are the whole path's up to the order of fp32 additions: the same bf16 logits, fp32
+log-softmax, bf16 logit gradients, bf16 GEMMs accumulating in fp32; d(W) sums the chunks in fp32
+and is rounded once, to the weight's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+BF16 = torch.bfloat16
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy, in fp32 whatever the logits' dtype."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bf16 operands, fp32 accumulation, bf16 result (on a CPU the product runs in fp32)."""
+    if a.is_cuda:
+        return a @ b
+    return (a.float() @ b.float()).to(BF16)
+
+
+def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bf16 operands, fp32 accumulation, fp32 result (torch.mm's out_dtype where CUDA has it)."""
+    if a.is_cuda:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):  # an older torch: bf16 result
+            return (a @ b).float()
+    return a.float() @ b.float()
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunks: int):
+        n = h.shape[0]
+        h16, w16 = h.to(BF16), weight.to(BF16)
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(h16) if need_grad else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        step = -(-n // chunks)
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            t = targets[s:e]
+            logits = _mm(h16[s:e], w16.t()).float()  # (rows, V): the LM head's bf16 logits
+            lse = torch.logsumexp(logits, dim=-1)
+            total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            if need_grad:
+                logits.sub_(lse[:, None]).exp_()  # softmax, in place
+                logits[torch.arange(e - s, device=t.device), t] -= 1.0
+                g16 = logits.div_(n).to(BF16)  # d(mean loss)/d(logits), as the bf16 logits receive it
+                del logits
+                grad_h[s:e] = _mm(g16, w16)
+                grad_w += _mm_fp32_out(g16.t(), h16[s:e])
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = (h.dtype, weight.dtype)
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        dh = (grad_h.float() * grad_out).to(h_dtype) if ctx.needs_input_grad[0] else None
+        dw = (grad_w * grad_out).to(w_dtype) if ctx.needs_input_grad[1] else None
+        return dh, dw, None, None
+
+
+def chunked_linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunks: int
+) -> torch.Tensor:
+    """Mean cross entropy of `h @ weight.T` against `targets`, never holding all the logits.
+    h: (..., C); weight: (V, C) (no bias); targets: (...)."""
+    if chunks < 1:
+        raise ValueError(f"model.lm_head_loss_chunks={chunks}: use 0 (whole logits) or a positive count")
+    return _ChunkedLinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1), chunks)
