@@ -135,3 +135,15 @@ def test_fused_wgrad_into_fp32_main_grads_matches_bf16_grads(tmp_path):
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         norms[grads] = next(r["optim/grad_norm"] for r in rows if "optim/grad_norm" in r)
     assert norms["fp32"] > 0 and abs(norms["fp32"] - norms["bf16"]) <= 2e-2 * norms["bf16"], norms
+
+
+@needs_cuda
+@needs_te
+def test_chunked_lm_head_loss_matches_whole_on_te(tmp_path):
+    from harness.train import run
+
+    common = (*GPU_TINY, "backend=te", "recipe=tensorwise", "steps=20")
+    a = run(compose_cfg(*common), tmp_path / "whole")
+    b = run(compose_cfg(*common, "model.lm_head_loss_chunks=4"), tmp_path / "chunked")
+    assert a.status == b.status == "completed"
+    assert abs(a.final_train_loss - b.final_train_loss) < 1e-2 * a.final_train_loss
