@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from harness.config.schema import ModelConfig
-from harness.loss import chunked_linear_cross_entropy, loss_fn  # noqa: F401 (loss_fn: re-exported)
+from harness.loss import chunked_linear_cross_entropy, loss_fn
 
 
 class Ops(Protocol):

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from harness.backends import build_backend
 from harness.config.store import compose
-from harness.model import loss_fn
+from harness.loss import loss_fn
 
 TARGETS = {"delayed": 2.0, "tensorwise": 2.0, "blockwise": 2.0, "mxfp8": 2.0, "nvfp4": 3.0}
 

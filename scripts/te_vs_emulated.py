@@ -123,7 +123,7 @@ def emulated_start(recipe: str, perturb_norms: bool = False):
 
 
 def check_mapping() -> dict:
-    from harness.model import loss_fn
+    from harness.loss import loss_fn
 
     em, sd = emulated_start("bf16", perturb_norms=True)
     te = trainer("recipe=bf16", "backend=te")

@@ -123,7 +123,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
         else:
             y = xq @ wq.t()
         # what wgrad reads: x's columnwise copy, or bf16 x when wgrad runs in high precision
-        x_saved = _deq2d(xc, m) if xc is not None else x2
+        x_saved = _deq2d(xc, m) if xc is not None else x2.to(BF16)
         ctx.save_for_backward(x_saved if need_dw else None, _deq2d(wc, weight.shape[0]) if need_dx else None)
         ctx.mod, ctx.x_dtype, ctx.x_shape = mod, x.dtype, x.shape
         ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype if bias is not None else None

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.backends import build_backend
-from harness.model import loss_fn
+from harness.loss import loss_fn
 from tests.helpers import compose_cfg
 
 RECIPES = ["bf16", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", "int4_qat", "custom"]
