@@ -110,6 +110,7 @@ class Trainer:
         telemetry = self.cfg.telemetry_interval > 0 and step % self.cfg.telemetry_interval == 0
         total = torch.zeros((), device=self.device)
         for micro in range(self.accum):
+            self.backend.microbatch(micro, self.accum)
             x, y = self._next_batch()
             with ExitStack() as stack:
                 rows = (
@@ -123,6 +124,7 @@ class Trainer:
             if rows:
                 self._log_telemetry(step, rows)
             total += loss.detach()
+        self.backend.microbatch(None, self.accum)
         grad_norm = clip_grad(self.optimizer, self.cfg.optimizer.clip_grad)
         self.optimizer.step()
         self.backend.after_optimizer_step(self.model)

@@ -49,7 +49,10 @@ E)
   timeout 330 python3 -m harness.bench experiment=h200_8b_slice optimizer=bf16_params steps=24 \
     --anchor .gpu/anchor_gpt.py --out /tmp/b/e1 2>&1 | tail -25
   timeout "$(left 570)" python3 -m harness.bench experiment=h200_8b_slice optimizer=bf16_params steps=24 \
-    micro_batch_size=4 global_batch_size=4 --recipes bf16,tensorwise,delayed --no-bare --out /tmp/b/e2 2>&1 | tail -12 ;;
+    micro_batch_size=4 global_batch_size=4 --recipes bf16,tensorwise,delayed --no-bare --out /tmp/b/e2 2>&1 | tail -12
+  # 4 micro-batches a step: TE quantizes the weights once per step (is_first_microbatch)
+  timeout "$(left 580)" python3 -m harness.bench experiment=h200_8b_slice optimizer=bf16_params steps=12 \
+    global_batch_size=8 --recipes bf16,tensorwise --no-bare --out /tmp/b/e3 2>&1 | tail -4 ;;
 F)
   R="tw:recipe=tensorwise;tw_ce8:recipe=tensorwise model.lm_head_loss_chunks=8"
   R="$R;tw_ce16:recipe=tensorwise model.lm_head_loss_chunks=16;bf16_ce8:recipe=bf16 model.lm_head_loss_chunks=8"

@@ -147,3 +147,18 @@ def test_chunked_lm_head_loss_matches_whole_on_te(tmp_path):
     b = run(compose_cfg(*common, "model.lm_head_loss_chunks=4"), tmp_path / "chunked")
     assert a.status == b.status == "completed"
     assert abs(a.final_train_loss - b.final_train_loss) < 1e-2 * a.final_train_loss
+
+
+@needs_cuda
+@needs_te
+def test_accumulation_reuses_first_microbatch_weights(tmp_path, monkeypatch):
+    """is_first_microbatch caching changes no number: the weights are the same inside the window."""
+    from harness.backends.te import TEBackend
+    from harness.train import run
+
+    common = (*GPU_TINY, "backend=te", "recipe=tensorwise", "steps=10", "micro_batch_size=4")
+    cached = run(compose_cfg(*common), tmp_path / "cached")
+    monkeypatch.setattr(TEBackend, "microbatch", lambda self, i, n: None)  # quantize every forward
+    fresh = run(compose_cfg(*common), tmp_path / "fresh")
+    assert cached.status == fresh.status == "completed"
+    assert abs(cached.final_train_loss - fresh.final_train_loss) < 1e-3 * fresh.final_train_loss

@@ -198,3 +198,31 @@ def test_precision_aware_optimizer_presets_train_and_shrink_states(tmp_path):
     assert states["fp8_states"] < states["bf16_states"] < states["adamw_fp32"]
     run_json = json.loads((tmp_path / "min_memory" / "run.json").read_text())
     assert run_json["config"]["optimizer"]["exp_avg_dtype"] == "fp8"
+
+
+def test_trainer_tells_the_backend_each_microbatch(tmp_path, monkeypatch):
+    """TE reuses the weights it quantized on micro-batch 0 for the rest of the window
+    (is_first_microbatch); evaluation and the next step start afresh (None)."""
+    from types import SimpleNamespace
+
+    from harness.backends.emulated import EmulatedBackend
+    from harness.backends.te import TEBackend
+
+    calls = []
+    monkeypatch.setattr(EmulatedBackend, "microbatch", lambda self, i, n: calls.append((i, n)), raising=False)
+    cfg = compose_cfg(
+        "model=gpt_tiny",
+        "logger=none",
+        "steps=2",
+        "micro_batch_size=2",
+        "global_batch_size=6",
+        "eval_interval=0",
+    )
+    assert run(cfg, tmp_path).status == "completed"
+    assert calls == [(0, 3), (1, 3), (2, 3), (None, 3)] * 2
+    te = SimpleNamespace()
+    flags = []
+    for i, n in [(0, 3), (1, 3), (2, 3), (None, 3), (0, 1), (None, 1)]:
+        TEBackend.microbatch(te, i, n)
+        flags.append(te.first_microbatch)
+    assert flags == [True, False, False, None, None, None]

@@ -40,6 +40,10 @@ class Backend(ABC):
     def prepare(self, model: nn.Module, optimizer) -> None:  # noqa: B027
         """Once, after the optimizer exists (e.g. TE INT4 QAT seeds master weights, then fake-quantizes)."""
 
+    def microbatch(self, index: int | None, count: int) -> None:  # noqa: B027
+        """Before each training micro-batch's forward: its index in the accumulation window of
+        `count`; None once the window is done (evaluation and the next step start afresh)."""
+
     def after_optimizer_step(self, model: nn.Module) -> None:  # noqa: B027
         """After every optimizer step (e.g. TE INT4 QAT re-derives the fake-quantized weights)."""
 

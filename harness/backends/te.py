@@ -105,7 +105,7 @@ def uses_main_grads(cfg: Config) -> bool:
 class TEBlock(nn.Module):
     """One te.TransformerLayer; `context` (None = inherit the outer autocast) overrides its recipe."""
 
-    def __init__(self, cfg: Config, index: int, context=None):
+    def __init__(self, cfg: Config, index: int, context=None, first_microbatch=lambda: None):
         super().__init__()
         import transformer_engine.pytorch as te
 
@@ -134,12 +134,14 @@ class TEBlock(nn.Module):
             fuse_wgrad_accumulation=uses_main_grads(cfg),
         )
         self.context = context
+        self.first_microbatch = first_microbatch  # TE's is_first_microbatch for this forward
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+        kw = {"rotary_pos_emb": rope, "is_first_microbatch": self.first_microbatch()}
         if self.context is None:
-            return self.layer(x, rotary_pos_emb=rope)
+            return self.layer(x, **kw)
         with self.context():
-            return self.layer(x, rotary_pos_emb=rope)
+            return self.layer(x, **kw)
 
 
 class TEOps:
@@ -177,6 +179,13 @@ class TEBackend(Backend):
         self.te, self.te_version = te, transformer_engine.__version__
         self.recipe = build_te_recipe(cfg.recipe, cfg.stability)
         self._seen: dict[str, tuple[bool, str | None]] = {}
+        self.first_microbatch: bool | None = None
+
+    def microbatch(self, index: int | None, count: int) -> None:
+        """With gradient accumulation, TE quantizes (and transposes) the weights on the first
+        micro-batch and reuses them on the others (is_first_microbatch): the weights do not change
+        inside the window. None (TE quantizes every forward) without accumulation, and for eval."""
+        self.first_microbatch = None if index is None or count == 1 else index == 0
 
     def _block_context(self, index: int):
         """None to inherit the run's autocast; else a nested autocast for this block's own recipe."""
@@ -206,7 +215,8 @@ class TEBackend(Backend):
         fp8_param = cfg.optimizer.fp8_param and self.recipe is not None
         with self.te.quantized_model_init(enabled=fp8_param, recipe=self.recipe):
             blocks = nn.ModuleList(
-                TEBlock(cfg, i, self._block_context(i)) for i in range(cfg.model.num_layers)
+                TEBlock(cfg, i, self._block_context(i), lambda: self.first_microbatch)
+                for i in range(cfg.model.num_layers)
             )
         model = TEGPT(cfg.model, TEOps(), blocks=blocks)
         model.rope_emb = None
