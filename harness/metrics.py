@@ -98,9 +98,9 @@ class MetricsProcessor:
     def should_log(self, step: int, last_step: int) -> bool:
         return (step + 1) % self.log_interval == 0 or step == last_step or step == 0
 
-    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor | None, lr: float) -> None:
         self._losses.append(loss.detach())
-        self._last = {"step": step, "grad_norm": grad_norm.detach(), "lr": lr}
+        self._last = {"step": step, "grad_norm": None if grad_norm is None else grad_norm.detach(), "lr": lr}
 
     def row(self, step: int) -> dict:
         """Sync and build the logged row for `step` (mean train loss since the last row)."""
@@ -110,12 +110,13 @@ class MetricsProcessor:
         if self.first_loss is None:
             self.first_loss = loss
         ms = self.timer.times_ms.get(step)
+        norm = self._last.get("grad_norm")
         row = {
             STEP: step + 1,
             TOKENS: (step + 1) * self.tokens_per_step,
             LOSS_TRAIN: loss,
             LR: self._last.get("lr"),
-            GRAD_NORM: float(self._last["grad_norm"].item()) if "grad_norm" in self._last else None,
+            GRAD_NORM: float(norm.item()) if norm is not None else None,
             STEP_MS: ms,
         }
         if ms:

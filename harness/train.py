@@ -103,7 +103,7 @@ class Trainer:
             x, y = x.pin_memory(), y.pin_memory()
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
-    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """Forward/backward over the accumulation window and one optimizer step; returns tensors."""
         lr = lr_at(step, self.cfg.optimizer, self.cfg.steps)
         set_lr(self.optimizer, lr)
@@ -125,7 +125,10 @@ class Trainer:
                 self._log_telemetry(step, rows)
             total += loss.detach()
         self.backend.microbatch(None, self.accum)
-        grad_norm = clip_grad(self.optimizer, self.cfg.optimizer.clip_grad)
+        # the norm costs a pass over every gradient: only when clipping needs it or this step logs it
+        clip = self.cfg.optimizer.clip_grad
+        logs = self.metrics.should_log(step, self.cfg.steps - 1)
+        grad_norm = clip_grad(self.optimizer, clip) if clip > 0 or logs else None
         self.optimizer.step()
         self.backend.after_optimizer_step(self.model)
         self.optimizer.zero_grad()
