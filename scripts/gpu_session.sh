@@ -63,5 +63,6 @@ F)
   timeout "$(left 570)" python3 -m harness.bench experiment=h200_1b steps=24 --no-bare --runs "$R" \
     --out /tmp/b/f2 2>&1 | tail -5 ;;
 esac
-for d in /tmp/b/*/; do [ -f "$d/bench.json" ] && cp "$d/bench.json" "$OUT/bench_$(basename "$d").json"; done 2>/dev/null
+# this phase's benches only (at most 8 files come back)
+for d in /tmp/b/"${1,,}"*/; do [ -f "$d/bench.json" ] && cp "$d/bench.json" "$OUT/bench_$(basename "$d").json"; done 2>/dev/null
 echo "phase $1 done in $(( $(date +%s) - t0 )) s"
