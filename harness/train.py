@@ -210,7 +210,7 @@ class Trainer:
                     )
                     log.warning("diverged at step %d: %s", step + 1, cause)
                     return summary
-            synced = self.metrics.should_log(step, cfg.steps - 1) or step == 0
+            synced = self.metrics.should_log(step, cfg.steps - 1)  # a logged row syncs
             if self._due(cfg.eval_interval, step):
                 self._eval_row(step, summary)
                 synced = True
