@@ -5,6 +5,7 @@
 # B: te_vs_emulated's 300-step curves alone
 # C: 1.4B anchor comparison + FusedAdam/memory-knob variants   D: 300-step markov loss of the memory knobs
 # E: 8B-like slice anchor comparison + 4 micro-batches a step (weights quantized once)
+# G: FusedAdam with FP8 states, batched (un)scaling: bit-identity test, step time, 300-step markov loss
 # F: the LM head + loss in chunks (model.lm_head_loss_chunks) toward 1.4B tensorwise <= 225 ms and <= 34 GiB
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -56,6 +57,19 @@ F)
   R="$R;knob_ce8:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16 model.lm_head_loss_chunks=8"
   timeout "$(left 570)" python3 -m harness.bench experiment=h200_1b steps=24 --no-bare --runs "$R" \
     --out /tmp/b/f2 2>&1 | tail -5 ;;
+G)
+  timeout 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k "batched_fp8 or precision_aware" -p no:cacheprovider \
+    2>&1 | tail -15 > "$OUT/pytest_g.txt"
+  G="optimizer.use_precision_aware_optimizer=true optimizer.main_grads_dtype=bf16"
+  R="tw_fp32s:recipe=tensorwise $G;tw_fp8states:recipe=tensorwise optimizer=fp8_states $G"
+  R="$R;tw_fp8states_fp32g:recipe=tensorwise optimizer=fp8_states"
+  timeout "$(left 300)" python3 -m harness.bench experiment=h200_1b steps=24 --no-bare --runs "$R" \
+    --out /tmp/b/g1 2>&1 | tail -6
+  M="experiment=h200_1b data=markov data.vocab_size=256 steps=300 eval_interval=25 eval_tokens=32768"
+  M="$M log_interval=25 optimizer.lr=3e-4 optimizer.min_lr=3e-5 optimizer.warmup_steps=30"
+  timeout "$(left 560)" python3 -m harness.train $M recipe=tensorwise optimizer=fp8_states $G \
+    hydra.run.dir=/tmp/runs/g/tw_fp8states_bf16g 2>&1 | tail -3
+  python3 scripts/collect_runs.py /tmp/runs/g "$OUT/markov_300_1b_fp8states.json" ;;
 esac
 # this phase's benches only (at most 8 files come back)
 for d in /tmp/b/"${1,,}"*/; do [ -f "$d/bench.json" ] && cp "$d/bench.json" "$OUT/bench_$(basename "$d").json"; done 2>/dev/null
