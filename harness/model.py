@@ -36,14 +36,48 @@ def bf16_values(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).float() if x.dtype == torch.float32 else x
 
 
+class _TEOrderLayerNorm(torch.autograd.Function):
+    """Forward: TE's kernel order (harness.numerics.te_layernorm); backward: torch's layer_norm's."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, eps):
+        from harness.numerics.te_layernorm import te_layer_norm
+
+        ctx.save_for_backward(x, w, b)
+        ctx.eps = eps
+        return te_layer_norm(x, w, b, eps)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w, b = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(need) for t, need in zip((x, w, b), ctx.needs_input_grad)]
+            y = F.layer_norm(leaves[0], x.shape[-1:], leaves[1], leaves[2], ctx.eps)
+            wanted = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(y, wanted, gy) if wanted else ())
+        return *(next(grads) if t.requires_grad else None for t in leaves), None
+
+
 class LayerNorm(nn.LayerNorm):
     """LayerNorm computed in fp32 from bf16 values of x and of its parameters, as TE's kernel does;
-    the output stays fp32 (the consumer rounds it, or, where TE fuses the cast, quantizes it)."""
+    the output stays fp32 (the consumer rounds it, or, where TE fuses the cast, quantizes it).
+
+    On CUDA, for the hidden sizes TE has a tuned kernel for, the forward reduces in that kernel's order
+    (harness.numerics.te_layernorm), so that its output is TE's to the bit; elsewhere torch's."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = bf16_values(self.weight)
         b = bf16_values(self.bias) if self.bias is not None else None
+        if b is not None and te_order_norm(x):
+            return _TEOrderLayerNorm.apply(x, w, b, self.eps)
         return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
+
+
+def te_order_norm(x: torch.Tensor) -> bool:
+    """Whether LayerNorm follows TE's kernel order: fp32 CUDA tensors of a hidden size TE tunes."""
+    from harness.numerics.te_layernorm import tuned_config
+
+    return x.is_cuda and x.dtype == torch.float32 and tuned_config(x.shape[-1]) is not None
 
 
 class RMSNorm(nn.RMSNorm):

@@ -6,6 +6,7 @@
 # C: 1.4B anchor comparison + FusedAdam/memory-knob variants   D: 300-step markov loss of the memory knobs
 # E: 8B-like slice anchor comparison + 4 micro-batches a step (weights quantized once)
 # G: FusedAdam with FP8 states, batched (un)scaling: bit-identity test, step time, 300-step markov loss
+# H: LayerNorm in TE's kernel order: probe of the FMA sites, GPU test, te_vs_emulated operands + curves
 # F: the LM head + loss in chunks (model.lm_head_loss_chunks) toward 1.4B tensorwise <= 225 ms and <= 34 GiB
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -70,6 +71,13 @@ G)
   timeout "$(left 560)" python3 -m harness.train $M recipe=tensorwise optimizer=fp8_states $G \
     hydra.run.dir=/tmp/runs/g/tw_fp8states_bf16g 2>&1 | tail -3
   python3 scripts/collect_runs.py /tmp/runs/g "$OUT/markov_300_1b_fp8states.json" ;;
+H)
+  timeout 150 python3 scripts/te_layernorm_probe.py > "$OUT/ln_probe.log" 2>&1
+  line=$(grep '^LOWP_TE_LN_FMA=' "$OUT/ln_probe.log" | tail -1); [ -n "$line" ] && export "$line"
+  echo "probe: ${line:-none}"; tail -3 "$OUT/ln_probe.log"
+  timeout 90 python3 -m pytest -q -m gpu tests/test_gpu.py -k "te_order_layernorm" -p no:cacheprovider 2>&1 | tail -4
+  OUT=$OUT timeout "$(left 590)" python3 scripts/te_vs_emulated.py --parts operands,curves --steps 300 \
+    --bf16-seeds 4 log_interval=25 2>&1 | tail -60 > "$OUT/tve.log" ;;
 esac
 # this phase's benches only (at most 8 files come back)
 for d in /tmp/b/"${1,,}"*/; do [ -f "$d/bench.json" ] && cp "$d/bench.json" "$OUT/bench_$(basename "$d").json"; done 2>/dev/null

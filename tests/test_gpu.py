@@ -223,3 +223,21 @@ def test_batched_fp8_state_scaling_is_bit_identical_to_fused_adam(states):
         for name, sc in ref._scales[p0].items():
             assert same(sc, opt._scales[p1][name]), (i, name)
     assert torch.isnan(ref.state[ref_params[3]]["exp_avg"].dequantize()).all()  # the zero-moment case ran
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("hidden", [768, 2048, 4096])
+def test_te_order_layernorm_is_te_layernorm_to_the_bit(hidden):
+    """harness.numerics.te_layernorm on CUDA against TE's own LayerNorm (bf16 in and out)."""
+    from transformer_engine.pytorch.module._common import apply_normalization
+
+    from harness.numerics.te_layernorm import te_layer_norm
+
+    g = torch.Generator(device="cuda").manual_seed(hidden)
+    x = (torch.randn(2048, hidden, device="cuda", generator=g) * 2 + 0.3).bfloat16()
+    w = (1 + 0.2 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
+    b = (0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
+    want = apply_normalization(x, None, w, b, 1e-5, None, torch.bfloat16, "LayerNorm", 0, False)[0]
+    got = te_layer_norm(x.float(), w.float(), b.float(), 1e-5).bfloat16()
+    assert int((got.view(torch.int16) != want.view(torch.int16)).sum()) == 0

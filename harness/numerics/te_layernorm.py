@@ -1,0 +1,161 @@
+"""TE 2.20.2's LayerNorm forward in its own order of fp32 operations.
+
+TE's tuned kernel (common/normalization/layernorm/ln_fwd_kernels.cuh, compiled by NVRTC with default
+options: FMA contraction on, precise division) computes each row as follows. A thread loads
+``NUM_ELTS = BYTES_PER_LDG / 2`` bf16 values per load, ``LDGS`` loads a row, at vector
+``it * THREADS_PER_ROW + thread``. It then does this:
+
+- **mean:** sums its values in load order. A butterfly of warp shuffles (xor 1, 2, 4, 8, 16) adds the
+  partial sums. The result is multiplied by ``rn = 1/COLS``.
+- **sum of squares:** accumulates ``(x - mean)^2`` the same way; the butterfly adds them.
+- **more than one warp per row** (``WARPS_N > 1``, hidden 3072 to 10240): each warp does the two steps
+  above with its own mean. Chan's update then merges the warps' (n, mean, M2).
+- **output:** ``rs = rsqrtf(rn * M2 + eps)``, ``y = rs * (x - mean)``, ``out = gamma * y + beta``.
+
+torch's ``layer_norm`` reduces in another order. Its output differs from TE's by one fp32 ulp in some
+elements, which flips a bf16 rounding now and then: 2 of 524,288 on gpt_small, which then changed 2
+tensorwise FP8 codes. This module repeats TE's order with tensor ops. An FMA is computed as
+fp32(fp64(a) * fp64(b) + fp64(c)): the product is exact in fp64, so only a double rounding, about 2^-29
+per operation, can differ from a fused FMA. ``rsqrtf`` is torch's CUDA rsqrt (the same libdevice
+function). On a CPU, torch's rsqrt is correctly rounded and so not TE's: there the function is close,
+not bit-exact.
+
+Only TE's tuned configurations with one CTA per row are covered (bf16 input, hidden 768 to 10240). For
+other shapes, `tuned_config` returns None and callers keep torch's layer_norm.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# hidden -> (WARPS_M, WARPS_N, BYTES_PER_LDG), CTAS_PER_ROW = 1: ln_fwd_cuda_kernel.cu's tuned launchers
+# for a bf16 input (bf16 or fp8 output, fp32 compute)
+TUNED_BF16 = {
+    768: (4, 1, 16),
+    1024: (4, 1, 16),
+    1536: (4, 1, 16),
+    2048: (4, 1, 16),
+    2304: (4, 1, 16),
+    3072: (1, 4, 16),
+    3840: (1, 4, 4),
+    4096: (1, 4, 16),
+    5120: (1, 4, 16),
+    6144: (1, 4, 16),
+    8192: (1, 4, 16),
+    10240: (1, 4, 16),
+}
+
+# Where NVRTC contracts a multiply and an add into an FMA. "m2": M2 += d * d; "rs": rn * M2 + eps;
+# "out": gamma * y + beta. Settled on the H200 by scripts/te_layernorm_probe.py; the environment
+# variable exists for that probe.
+FMA_SITES = frozenset(os.environ.get("LOWP_TE_LN_FMA", "m2,rs,out").split(",")) - {""}
+
+
+def tuned_config(hidden: int) -> tuple[int, int, int] | None:
+    return TUNED_BF16.get(hidden)
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return (a.double() * b.double() + c.double()).float()
+
+
+def _mul_add(a, b, c, site: str, fma: frozenset) -> torch.Tensor:
+    return _fma(a, b, c) if site in fma else a * b + c
+
+
+def _butterfly(v: torch.Tensor) -> torch.Tensor:
+    """__shfl_xor_sync all-reduce over the last dim (32 lanes): v += v[lane ^ k], k = 1, 2, 4, 8, 16."""
+    lanes = torch.arange(32, device=v.device)
+    for k in (1, 2, 4, 8, 16):
+        v = v + v[..., lanes ^ k]
+    return v
+
+
+def _f32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _warp_stats(xv: torch.Tensor, rn: float, fma: frozenset) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stats<T, 1, WARPS_M, 1>::compute on [..., 32 lanes, N values]: (mean, M2), both [...]."""
+    s = torch.zeros(xv.shape[:-1], dtype=torch.float32, device=xv.device)
+    for i in range(xv.shape[-1]):
+        s = s + xv[..., i]
+    m = _butterfly(s)[..., 0] * rn
+    d = xv - m[..., None, None]
+    m2 = torch.zeros_like(s)
+    for i in range(xv.shape[-1]):
+        di = d[..., i]
+        m2 = _mul_add(di, di, m2, "m2", fma)
+    return m, _butterfly(m2)[..., 0]
+
+
+def _chan_merge(m: torch.Tensor, m2: torch.Tensor, n: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """warp_chan_upd_dynamic over WARPS_N lanes (a power of two here), as lane 0 ends up with it.
+
+    Every warp has the same n, a power of two, so n_a * n_b / n_ab and n_a * m_a are exact: where
+    NVRTC puts FMAs makes no difference to these two formulas."""
+    wn = m.shape[-1]
+    na = torch.full_like(m, n)
+    step = wn // 2
+    while step > 0:
+        ma, mb = m[..., :step], m[..., step : 2 * step]
+        m2a, m2b = m2[..., :step], m2[..., step : 2 * step]
+        nb = na[..., step : 2 * step]
+        na_ = na[..., :step]
+        n_ab = na_ + nb
+        rn_ab = 1.0 / n_ab
+        delta = ma - mb
+        m2 = m2a + m2b + delta * delta * na_ * nb * rn_ab
+        m = (na_ * ma + nb * mb) * rn_ab
+        na = n_ab
+        step //= 2
+    return m[..., 0], m2[..., 0]
+
+
+@torch.no_grad()
+def te_layer_norm_stats(x: torch.Tensor, fma: frozenset = FMA_SITES) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, M2) per row of a [rows, hidden] tensor of bf16 values, reduced in TE's order."""
+    rows, hidden = x.shape
+    wm, wn, bytes_per_ldg = TUNED_BF16[hidden]
+    ne = bytes_per_ldg // 2  # bf16 input
+    threads = 32 * wn
+    ldgs = hidden // (ne * threads)
+    xv = x.float().reshape(rows, ldgs, threads, ne).permute(0, 2, 1, 3).reshape(rows, wn, 32, ldgs * ne)
+    rn = _f32(1.0 / hidden)
+    if wn == 1:
+        mu, m2 = _warp_stats(xv[:, 0], rn, fma)
+    else:
+        n = ldgs * ne * 32
+        mw, m2w = _warp_stats(xv, _f32(1.0 / n), fma)
+        mu, m2 = _chan_merge(mw, m2w, float(n))
+    return mu, m2
+
+
+@torch.no_grad()
+def te_layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+    fma: frozenset = FMA_SITES,
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """TE's fp32 norm output (before its bf16 or FP8 cast) for x [..., hidden] of bf16 values.
+
+    ``stats``: (mu, rsigma) to use instead of computing them (the probe isolates the output step)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).float()
+    mu, rs = te_rsigma(x2, eps, fma) if stats is None else (s.reshape(-1).float() for s in stats)
+    y = rs[:, None] * (x2 - mu[:, None])
+    g = weight.float().expand_as(y)
+    b = torch.zeros_like(y) if bias is None else bias.float().expand_as(y)
+    return _mul_add(g, y, b, "out", fma).reshape(shape)
+
+
+def te_rsigma(x: torch.Tensor, eps: float, fma: frozenset = FMA_SITES) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mu, rsigma) of x [rows, hidden], as TE's layernorm_fwd returns them."""
+    mu, m2 = te_layer_norm_stats(x, fma)
+    rn = torch.full_like(m2, _f32(1.0 / x.shape[-1]))
+    return mu, torch.rsqrt(_mul_add(rn, m2, torch.full_like(m2, _f32(eps)), "rs", fma))
