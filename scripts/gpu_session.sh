@@ -72,11 +72,11 @@ G)
     hydra.run.dir=/tmp/runs/g/tw_fp8states_bf16g 2>&1 | tail -3
   python3 scripts/collect_runs.py /tmp/runs/g "$OUT/markov_300_1b_fp8states.json" ;;
 H)
-  timeout 150 python3 scripts/te_layernorm_probe.py > "$OUT/ln_probe.log" 2>&1
+  timeout 60 python3 scripts/te_layernorm_probe.py > "$OUT/ln_probe.log" 2>&1
   line=$(grep '^LOWP_TE_LN_FMA=' "$OUT/ln_probe.log" | tail -1); [ -n "$line" ] && export "$line"
   echo "probe: ${line:-none}"; tail -3 "$OUT/ln_probe.log"
-  timeout 90 python3 -m pytest -q -m gpu tests/test_gpu.py -k "te_order_layernorm" -p no:cacheprovider 2>&1 | tail -4
-  OUT=$OUT timeout "$(left 590)" python3 scripts/te_vs_emulated.py --parts operands,curves --steps 300 \
+  timeout 40 python3 -m pytest -q -m gpu tests/test_gpu.py -k "te_order_layernorm" -p no:cacheprovider 2>&1 | tail -4
+  OUT=$OUT timeout "$(left 280)" python3 scripts/te_vs_emulated.py --parts operands,curves --steps 300 \
     --bf16-seeds 4 log_interval=25 2>&1 | tail -60 > "$OUT/tve.log" ;;
 esac
 # this phase's benches only (at most 8 files come back)
