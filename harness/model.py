@@ -62,8 +62,8 @@ class LayerNorm(nn.LayerNorm):
     """LayerNorm computed in fp32 from bf16 values of x and of its parameters, as TE's kernel does;
     the output stays fp32 (the consumer rounds it, or, where TE fuses the cast, quantizes it).
 
-    On CUDA, for the hidden sizes TE has a tuned kernel for, the forward reduces in that kernel's order
-    (harness.numerics.te_layernorm), so that its output is TE's to the bit; elsewhere torch's."""
+    On CUDA, where harness.numerics.te_layernorm covers TE's kernel for the shape, the forward reduces
+    in that kernel's order, so that its output is TE's to the bit; elsewhere torch's layer_norm."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = bf16_values(self.weight)
@@ -74,10 +74,12 @@ class LayerNorm(nn.LayerNorm):
 
 
 def te_order_norm(x: torch.Tensor) -> bool:
-    """Whether LayerNorm follows TE's kernel order: fp32 CUDA tensors of a hidden size TE tunes."""
-    from harness.numerics.te_layernorm import tuned_config
+    """Whether LayerNorm follows TE's kernel order: fp32 CUDA tensors of a shape te_layernorm covers."""
+    from harness.numerics.te_layernorm import kernel_layout
 
-    return x.is_cuda and x.dtype == torch.float32 and tuned_config(x.shape[-1]) is not None
+    if not (x.is_cuda and x.dtype == torch.float32 and x.numel()):
+        return False
+    return kernel_layout(x.shape[-1], x.numel() // x.shape[-1]) is not None
 
 
 class RMSNorm(nn.RMSNorm):

@@ -31,22 +31,26 @@ def differ(a: torch.Tensor, b: torch.Tensor) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--rows", type=int, default=4096)
-    p.add_argument("--hidden", default="768,1024,2048,3840,4096")
+    p.add_argument("--rows", type=int, default=4096, help="rows; each hidden size also runs with rows - 1")
+    p.add_argument("--hidden", default="64,256,768,1024,2048,4096")
     args = p.parse_args()
     from transformer_engine.pytorch.module._common import apply_normalization
 
-    from harness.numerics.te_layernorm import te_layer_norm, te_rsigma
+    from harness.numerics.te_layernorm import kernel_layout, te_layer_norm, te_rsigma
 
     eps = 1e-5
     res: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": args.rows}
     totals: dict = {}
-    for hidden in (int(h) for h in args.hidden.split(",")):
+    shapes = [(int(h), r) for h in args.hidden.split(",") for r in (args.rows, args.rows - 1)]
+    for hidden, rows in shapes:  # rows % 4 != 0: TE's general kernel instead of the tuned one
+        if kernel_layout(hidden, rows) is None:
+            res[f"{hidden}x{rows}"] = "not covered by harness.numerics.te_layernorm"
+            continue
         g = torch.Generator(device="cuda").manual_seed(hidden)
         cases = {
-            "randn": torch.randn(args.rows, hidden, device="cuda", generator=g),
-            "shifted": torch.randn(args.rows, hidden, device="cuda", generator=g) * 0.05 + 1.5,
-            "wide": torch.randn(args.rows, hidden, device="cuda", generator=g)
+            "randn": torch.randn(rows, hidden, device="cuda", generator=g),
+            "shifted": torch.randn(rows, hidden, device="cuda", generator=g) * 0.05 + 1.5,
+            "wide": torch.randn(rows, hidden, device="cuda", generator=g)
             * torch.logspace(-3, 2, hidden, device="cuda"),
         }
         w = (1 + 0.2 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
@@ -56,7 +60,7 @@ def main() -> None:
             out_te, mu_te, rs_te = apply_normalization(
                 xb, None, w, b, eps, None, torch.bfloat16, "LayerNorm", 0, False
             )
-            r = {"elements": xb.numel()}
+            r = {"elements": xb.numel(), "kernel": kernel_layout(hidden, rows)[0]}
             x32 = xb.float()
             mu, _ = te_rsigma(x32, eps, frozenset())
             r["mu_differ"] = differ(mu, mu_te.float().reshape(-1))
@@ -71,11 +75,11 @@ def main() -> None:
             r["torch_layer_norm_out_differ"] = differ(
                 torch.nn.functional.layer_norm(x32, (hidden,), w.float(), b.float(), eps).bfloat16(), out_te
             )
-            res[f"{hidden}/{name}"] = r
+            res[f"{hidden}x{rows}/{name}"] = r
             for k, v in r.items():
                 if "[" in k:
                     totals[k] = totals.get(k, 0) + v
-            print(hidden, name, json.dumps(r), flush=True)
+            print(hidden, rows, name, json.dumps(r), flush=True)
     best_rs = min((k for k in totals if k.startswith("rsigma")), key=lambda k: totals[k])
     best_out = min((k for k in totals if k.startswith("out_from")), key=lambda k: totals[k])
     sites = sorted(
@@ -85,14 +89,16 @@ def main() -> None:
     sites = [s for s in sites if s != "none"]
     res["totals"], res["best_fma_sites"] = totals, sites
     whole = 0
-    for hidden in (int(h) for h in args.hidden.split(",")):
+    for hidden, rows in shapes:
+        if kernel_layout(hidden, rows) is None:
+            continue
         g = torch.Generator(device="cuda").manual_seed(hidden + 1)
-        xb = torch.randn(args.rows, hidden, device="cuda", generator=g).bfloat16()
+        xb = torch.randn(rows, hidden, device="cuda", generator=g).bfloat16()
         w = (1 + 0.2 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
         b = (0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
         out_te = apply_normalization(xb, None, w, b, eps, None, torch.bfloat16, "LayerNorm", 0, False)[0]
         y = te_layer_norm(xb.float(), w.float(), b.float(), eps, frozenset(sites)).bfloat16()
-        res[f"whole/{hidden}"] = n = differ(y, out_te)
+        res[f"whole/{hidden}x{rows}"] = n = differ(y, out_te)
         whole += n
     res["whole_out_differ_total"] = whole
     out = Path(os.environ.get("OUT", "."))

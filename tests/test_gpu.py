@@ -227,15 +227,18 @@ def test_batched_fp8_state_scaling_is_bit_identical_to_fused_adam(states):
 
 @needs_cuda
 @needs_te
-@pytest.mark.parametrize("hidden", [768, 2048, 4096])
-def test_te_order_layernorm_is_te_layernorm_to_the_bit(hidden):
-    """harness.numerics.te_layernorm on CUDA against TE's own LayerNorm (bf16 in and out)."""
+@pytest.mark.parametrize(
+    ("hidden", "rows"), [(768, 2048), (2048, 2048), (4096, 2048), (256, 2048), (768, 2047)]
+)
+def test_te_order_layernorm_is_te_layernorm_to_the_bit(hidden, rows):
+    """harness.numerics.te_layernorm on CUDA against TE's own LayerNorm (bf16 in and out): the tuned
+    kernel (rows % 4 == 0) and the general one (gpt_small's 256; an odd row count)."""
     from transformer_engine.pytorch.module._common import apply_normalization
 
     from harness.numerics.te_layernorm import te_layer_norm
 
     g = torch.Generator(device="cuda").manual_seed(hidden)
-    x = (torch.randn(2048, hidden, device="cuda", generator=g) * 2 + 0.3).bfloat16()
+    x = (torch.randn(rows, hidden, device="cuda", generator=g) * 2 + 0.3).bfloat16()
     w = (1 + 0.2 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
     b = (0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16()
     want = apply_normalization(x, None, w, b, 1e-5, None, torch.bfloat16, "LayerNorm", 0, False)[0]

@@ -20,8 +20,11 @@ per operation, can differ from a fused FMA. ``rsqrtf`` is torch's CUDA rsqrt (th
 function). On a CPU, torch's rsqrt is correctly rounded and so not TE's: there the function is close,
 not bit-exact.
 
-Only TE's tuned configurations with one CTA per row are covered (bf16 input, hidden 768 to 10240). For
-other shapes, `tuned_config` returns None and callers keep torch's layer_norm.
+Covered (`kernel_layout`): the tuned kernels with one CTA per row (bf16 input, hidden 768 to 10240
+but 3840) and the general kernel's one-warp buckets (hidden up to 2048, e.g. gpt_small's 256). On the
+H200 the tuned path matched TE bit for bit at 768, 1024, 2048 and 4096 (scripts/te_layernorm_probe.py).
+The general kernel has the same loop bodies; it has not yet been checked on a GPU. Elsewhere
+`kernel_layout` returns None and callers keep torch's layer_norm.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import os
 import torch
 
 # hidden -> (WARPS_M, WARPS_N, BYTES_PER_LDG), CTAS_PER_ROW = 1: ln_fwd_cuda_kernel.cu's tuned launchers
-# for a bf16 input (bf16 or fp8 output, fp32 compute)
+# for a bf16 input (bf16 or fp8 output, fp32 compute). 3840 (BYTES_PER_LDG 4) is left out: its means
+# did not match TE's on the H200 (te_layernorm_probe.json), so torch's layer_norm serves it.
 TUNED_BF16 = {
     768: (4, 1, 16),
     1024: (4, 1, 16),
@@ -39,13 +43,15 @@ TUNED_BF16 = {
     2048: (4, 1, 16),
     2304: (4, 1, 16),
     3072: (1, 4, 16),
-    3840: (1, 4, 4),
     4096: (1, 4, 16),
     5120: (1, 4, 16),
     6144: (1, 4, 16),
     8192: (1, 4, 16),
     10240: (1, 4, 16),
 }
+# The general kernel's buckets (TE takes the smallest >= hidden) with one warp per row; the 8192
+# bucket (four warps, a shared-memory reduction) is not covered.
+GENERAL_BF16 = {128: (4, 1, 8), 512: (4, 1, 16), 1024: (4, 1, 16), 2048: (4, 1, 16)}
 
 # Where NVRTC contracts a multiply and an add into an FMA. "m2": M2 += d * d; "rs": rn * M2 + eps;
 # "out": gamma * y + beta. Settled on the H200 by scripts/te_layernorm_probe.py; the environment
@@ -53,8 +59,24 @@ TUNED_BF16 = {
 FMA_SITES = frozenset(os.environ.get("LOWP_TE_LN_FMA", "m2,rs,out").split(",")) - {""}
 
 
-def tuned_config(hidden: int) -> tuple[int, int, int] | None:
-    return TUNED_BF16.get(hidden)
+def kernel_layout(hidden: int, rows: int) -> tuple[str, int, int, int] | None:
+    """(kernel, WARPS_N, NUM_ELTS, LDGS) of the forward kernel TE picks, or None where not covered.
+
+    TE runs the tuned kernel when one is registered for the hidden size and the row count is a
+    multiple of 4 (NormalizationPlanRegistry: is_tuned = is_aligned && batch_size % 4 == 0), else the
+    general kernel of the smallest bucket >= hidden. A thread's values sit at vectors
+    ``it * THREADS_PER_ROW + thread``, ``it < LDGS``, in both."""
+    if rows % 4 == 0 and hidden in TUNED_BF16:
+        _, wn, bytes_per_ldg = TUNED_BF16[hidden]
+        ne = bytes_per_ldg // 2
+        return "tuned", wn, ne, hidden // (ne * 32 * wn)
+    bucket = min((h for h in GENERAL_BF16 if h >= hidden), default=None)
+    if bucket is None:
+        return None
+    ne = GENERAL_BF16[bucket][2] // 2
+    if hidden % ne:
+        return None
+    return "general", 1, ne, -(-hidden // (32 * ne))  # the last loads of high lanes may be past the row
 
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -77,13 +99,16 @@ def _f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
-def _warp_stats(xv: torch.Tensor, rn: float, fma: frozenset) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stats<T, 1, WARPS_M, 1>::compute on [..., 32 lanes, N values]: (mean, M2), both [...]."""
+def _warp_stats(xv: torch.Tensor, valid: torch.Tensor, rn: float, fma: frozenset):
+    """Stats<T, 1, WARPS_M, 1>::compute on [..., 32 lanes, N values]: (mean, M2), both [...].
+
+    ``valid`` [32, N] marks the values a lane really loads (the general kernel's last loads can fall
+    past the row); the others are zeros here, which add nothing to the sums."""
     s = torch.zeros(xv.shape[:-1], dtype=torch.float32, device=xv.device)
     for i in range(xv.shape[-1]):
         s = s + xv[..., i]
     m = _butterfly(s)[..., 0] * rn
-    d = xv - m[..., None, None]
+    d = (xv - m[..., None, None]) * valid
     m2 = torch.zeros_like(s)
     for i in range(xv.shape[-1]):
         di = d[..., i]
@@ -118,19 +143,22 @@ def _chan_merge(m: torch.Tensor, m2: torch.Tensor, n: float) -> tuple[torch.Tens
 def te_layer_norm_stats(x: torch.Tensor, fma: frozenset = FMA_SITES) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, M2) per row of a [rows, hidden] tensor of bf16 values, reduced in TE's order."""
     rows, hidden = x.shape
-    wm, wn, bytes_per_ldg = TUNED_BF16[hidden]
-    ne = bytes_per_ldg // 2  # bf16 input
+    _, wn, ne, ldgs = kernel_layout(hidden, rows)
     threads = 32 * wn
-    ldgs = hidden // (ne * threads)
-    xv = x.float().reshape(rows, ldgs, threads, ne).permute(0, 2, 1, 3).reshape(rows, wn, 32, ldgs * ne)
+    # column of value (thread, it * NUM_ELTS + jt); past the row -> the zero column appended below
+    it, t, jt = torch.meshgrid(torch.arange(ldgs), torch.arange(threads), torch.arange(ne), indexing="ij")
+    col = ((it * threads + t) * ne + jt).permute(1, 0, 2).reshape(threads, ldgs * ne)
+    valid = col < hidden
+    col = torch.where(valid, col, hidden).to(x.device)
+    xp = torch.cat([x.float(), x.new_zeros(rows, 1, dtype=torch.float32)], dim=1)
+    xv = xp[:, col].reshape(rows, wn, 32, ldgs * ne)
+    valid = valid.reshape(wn, 32, ldgs * ne).to(x.device)
     rn = _f32(1.0 / hidden)
     if wn == 1:
-        mu, m2 = _warp_stats(xv[:, 0], rn, fma)
-    else:
-        n = ldgs * ne * 32
-        mw, m2w = _warp_stats(xv, _f32(1.0 / n), fma)
-        mu, m2 = _chan_merge(mw, m2w, float(n))
-    return mu, m2
+        return _warp_stats(xv[:, 0], valid[0], rn, fma)
+    n = ldgs * ne * 32
+    mw, m2w = _warp_stats(xv, valid, _f32(1.0 / n), fma)
+    return _chan_merge(mw, m2w, float(n))
 
 
 @torch.no_grad()

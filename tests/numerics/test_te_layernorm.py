@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.numerics.te_layernorm import TUNED_BF16, te_layer_norm, te_rsigma
+from harness.numerics.te_layernorm import TUNED_BF16, kernel_layout, te_layer_norm, te_rsigma
 
 f32 = np.float32
 
@@ -18,14 +18,13 @@ def fma(a, b, c):
     return f32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
-def simulate_row(x: np.ndarray, eps: float) -> tuple[float, float]:
-    """ln_fwd_tuned_kernel for one row, thread by thread (WARPS_N = 1 or a merge over warps)."""
+def simulate_row(x: np.ndarray, eps: float, rows: int = 4) -> tuple[float, float]:
+    """TE's forward kernel for one row, thread by thread (WARPS_N = 1, or a merge over warps)."""
     hidden = x.size
-    _, wn, bytes_per_ldg = TUNED_BF16[hidden]
-    ne, threads = bytes_per_ldg // 2, 32 * wn
-    ldgs = hidden // (ne * threads)
+    _, wn, ne, ldgs = kernel_layout(hidden, rows)
+    threads = 32 * wn
     cols = [[(it * threads + t) * ne + jt for it in range(ldgs) for jt in range(ne)] for t in range(threads)]
-    elts = [[x[c] for c in row] for row in cols]
+    elts = [[x[c] for c in row if c < hidden] for row in cols]  # a lane loads only inside the row
 
     def butterfly(vals):
         vals = list(vals)
@@ -72,18 +71,28 @@ def simulate_row(x: np.ndarray, eps: float) -> tuple[float, float]:
     return mu, fma(rn, m2, f32(eps))
 
 
-@pytest.mark.parametrize("hidden", [768, 2048, 3840, 4096])
-def test_matches_a_thread_by_thread_simulation_of_the_kernel(hidden):
+@pytest.mark.parametrize(
+    ("hidden", "rows"), [(768, 4), (2048, 4), (4096, 4), (256, 4), (64, 4), (384, 4), (768, 3)]
+)
+def test_matches_a_thread_by_thread_simulation_of_the_kernel(hidden, rows):
+    """tuned (rows % 4 == 0) and general kernels (gpt_small's 256, gpt_tiny's 64, a partial last load)."""
     g = torch.Generator().manual_seed(hidden)
-    x = (torch.randn(3, hidden, generator=g) * 3 + 0.5).bfloat16().float()
+    x = (torch.randn(rows, hidden, generator=g) * 3 + 0.5).bfloat16().float()
     mu, rs = te_rsigma(x, 1e-5)
-    for r in range(3):
-        want_mu, want_var = simulate_row(x[r].numpy(), 1e-5)
+    for r in range(rows):
+        want_mu, want_var = simulate_row(x[r].numpy(), 1e-5, rows)
         assert mu[r].item() == float(want_mu)
         assert rs[r].item() == float(torch.rsqrt(torch.tensor(want_var)))
 
 
-@pytest.mark.parametrize("hidden", sorted(TUNED_BF16))
+def test_kernel_choice_follows_te():
+    assert kernel_layout(768, 4096)[0] == "tuned" and kernel_layout(768, 4095)[0] == "general"
+    assert kernel_layout(256, 4096) == ("general", 1, 8, 1)  # the 512 bucket
+    assert kernel_layout(64, 8) == ("general", 1, 4, 1)  # the 128 bucket: 8-byte loads
+    assert kernel_layout(3840, 4096) is None and kernel_layout(2560, 4096) is None  # not covered
+
+
+@pytest.mark.parametrize("hidden", sorted(TUNED_BF16) + [64, 256, 384])
 def test_close_to_torch_layer_norm(hidden):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(4, hidden, generator=g) * 2).bfloat16().float()
