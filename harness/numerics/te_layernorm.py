@@ -29,6 +29,7 @@ The general kernel has the same loop bodies; it has not yet been checked on a GP
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -139,20 +140,32 @@ def _chan_merge(m: torch.Tensor, m2: torch.Tensor, n: float) -> tuple[torch.Tens
     return m[..., 0], m2[..., 0]
 
 
+@functools.lru_cache(maxsize=64)
+def _value_columns(
+    hidden: int, wn: int, ne: int, ldgs: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[WARPS_N, 32, LDGS * NUM_ELTS] column of each thread's values in load order (past the row: the
+    index of a zero column appended to x), and whether the thread really loads it."""
+    threads = 32 * wn
+    it, t, jt = torch.meshgrid(torch.arange(ldgs), torch.arange(threads), torch.arange(ne), indexing="ij")
+    col = ((it * threads + t) * ne + jt).permute(1, 0, 2).reshape(wn, 32, ldgs * ne)
+    valid = col < hidden
+    return torch.where(valid, col, hidden).to(device), valid.to(device)
+
+
 @torch.no_grad()
 def te_layer_norm_stats(x: torch.Tensor, fma: frozenset = FMA_SITES) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, M2) per row of a [rows, hidden] tensor of bf16 values, reduced in TE's order."""
     rows, hidden = x.shape
-    _, wn, ne, ldgs = kernel_layout(hidden, rows)
-    threads = 32 * wn
-    # column of value (thread, it * NUM_ELTS + jt); past the row -> the zero column appended below
-    it, t, jt = torch.meshgrid(torch.arange(ldgs), torch.arange(threads), torch.arange(ne), indexing="ij")
-    col = ((it * threads + t) * ne + jt).permute(1, 0, 2).reshape(threads, ldgs * ne)
-    valid = col < hidden
-    col = torch.where(valid, col, hidden).to(x.device)
+    layout = kernel_layout(hidden, rows)
+    if layout is None:
+        raise ValueError(
+            f"LayerNorm of {rows} rows x {hidden}: TE's kernel for it is not emulated; use layer_norm"
+        )
+    _, wn, ne, ldgs = layout
+    col, valid = _value_columns(hidden, wn, ne, ldgs, str(x.device))
     xp = torch.cat([x.float(), x.new_zeros(rows, 1, dtype=torch.float32)], dim=1)
-    xv = xp[:, col].reshape(rows, wn, 32, ldgs * ne)
-    valid = valid.reshape(wn, 32, ldgs * ne).to(x.device)
+    xv = xp[:, col]
     rn = _f32(1.0 / hidden)
     if wn == 1:
         return _warp_stats(xv[:, 0], valid[0], rn, fma)

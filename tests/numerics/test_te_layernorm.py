@@ -127,3 +127,8 @@ def test_gpt_trains_with_the_te_order_norm(monkeypatch):
     out.square().mean().backward()
     grads = [p.grad for p in gpt.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_uncovered_shape_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="3840: TE's kernel for it is not emulated"):
+        te_rsigma(torch.zeros(4, 3840), 1e-5)
