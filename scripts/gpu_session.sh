@@ -12,6 +12,11 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$(date +%s); left() { echo $(( ${1} - ($(date +%s) - t0) )); }
+# anchors.md's FusedAdam setup: fp32 master weights with bf16 grads (C, G)
+G="optimizer.use_precision_aware_optimizer=true optimizer.main_grads_dtype=bf16"
+# the 300-step markov runs on the 1.4B: D's BF16 seeds are the band G is compared with
+M="experiment=h200_1b data=markov data.vocab_size=256 steps=300 eval_interval=25 eval_tokens=32768"
+M="$M log_interval=25 optimizer.lr=3e-4 optimizer.min_lr=3e-5 optimizer.warmup_steps=30"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader > "$OUT/gpu_$1.txt" 2>&1
 case "$1" in
 A)
@@ -25,8 +30,7 @@ B)
 C)
   timeout 300 python3 -m harness.bench experiment=h200_1b optimizer=bf16_params steps=24 \
     --anchor .gpu/anchor_gpt.py --out /tmp/b/c1 2>&1 | tail -25
-  # anchors.md's FusedAdam table: fp32 master weights, bf16 grads (its peaks fit no fp32 main-grad buffer)
-  G="optimizer.use_precision_aware_optimizer=true optimizer.main_grads_dtype=bf16"
+  # anchors.md's FusedAdam table (its peaks fit no fp32 main-grad buffer): with $G
   R="bf16_fp32s:recipe=bf16 $G;tw_fp32s:recipe=tensorwise $G;tw_fp8states:recipe=tensorwise optimizer=fp8_states $G"
   R="$R;tw_fp8w:recipe=tensorwise optimizer.fp8_param=true $G;dl_fp8w:recipe=delayed optimizer.fp8_param=true $G"
   R="$R;tw_bf16s_bf16g:recipe=tensorwise optimizer=bf16_states $G"
@@ -34,8 +38,6 @@ C)
   timeout "$(left 560)" python3 -m harness.bench experiment=h200_1b steps=24 --no-bare --runs "$R" \
     --out /tmp/b/c2 2>&1 | tail -25 ;;
 D)
-  M="experiment=h200_1b data=markov data.vocab_size=256 steps=300 eval_interval=25 eval_tokens=32768"
-  M="$M log_interval=25 optimizer.lr=3e-4 optimizer.min_lr=3e-5 optimizer.warmup_steps=30"
   for spec in "bf16_s0:recipe=bf16 seed=0" "bf16_s1:recipe=bf16 seed=1" \
       "tw_bf16s_bf16g:recipe=tensorwise optimizer=bf16_states optimizer.main_grads_dtype=bf16"; do
     name=${spec%%:*}; ov=${spec#*:}
@@ -61,13 +63,10 @@ F)
 G)
   timeout 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k "batched_fp8 or precision_aware" -p no:cacheprovider \
     2>&1 | tail -15 > "$OUT/pytest_g.txt"
-  G="optimizer.use_precision_aware_optimizer=true optimizer.main_grads_dtype=bf16"
   R="tw_fp32s:recipe=tensorwise $G;tw_fp8states:recipe=tensorwise optimizer=fp8_states $G"
   R="$R;tw_fp8states_fp32g:recipe=tensorwise optimizer=fp8_states"
   timeout "$(left 300)" python3 -m harness.bench experiment=h200_1b steps=24 --no-bare --runs "$R" \
     --out /tmp/b/g1 2>&1 | tail -6
-  M="experiment=h200_1b data=markov data.vocab_size=256 steps=300 eval_interval=25 eval_tokens=32768"
-  M="$M log_interval=25 optimizer.lr=3e-4 optimizer.min_lr=3e-5 optimizer.warmup_steps=30"
   timeout "$(left 560)" python3 -m harness.train $M recipe=tensorwise optimizer=fp8_states $G \
     hydra.run.dir=/tmp/runs/g/tw_fp8states_bf16g 2>&1 | tail -3
   python3 scripts/collect_runs.py /tmp/runs/g "$OUT/markov_300_1b_fp8states.json" ;;
