@@ -33,6 +33,7 @@ from gpu_fidelity import cast_saturation, mismatches, te_quantize, valid_region 
 
 BASE = ["model=gpt_small", "data=markov", "hardware=auto", "logger=none", "telemetry_interval=0"]
 EXTRA: list[str] = []  # overrides from the command line
+EXTRA_PAIR: list[str] = []  # the seed of the emulated/te pair being run (--pair-seeds)
 BLOCK_NAMES = {  # emulated Block module -> te.TransformerLayer parameter prefix (fuse_qkv_params=True)
     "ln1": "self_attention.layernorm_qkv.layer_norm_",
     "attn.qkv": "self_attention.layernorm_qkv.",
@@ -53,20 +54,39 @@ def qkv_interleave(t: torch.Tensor, n_head: int) -> torch.Tensor:
     return t.reshape(3, n_head, d, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
+def te_param_name(name: str) -> str:
+    """An emulated GPT parameter's name in TEGPT."""
+    if not name.startswith("blocks."):
+        return name  # wte, wpe, ln_f, lm_head: the same modules in both models
+    _, i, rest = name.split(".", 2)
+    module, _, kind = rest.rpartition(".")  # kind: weight or bias
+    if module not in BLOCK_NAMES or kind not in ("weight", "bias"):
+        raise KeyError(f"{name}: no TE counterpart")
+    return f"blocks.{i}.layer.{BLOCK_NAMES[module]}{kind}"
+
+
 def te_state_from_emulated(sd: dict, n_head: int, interleave: bool = False) -> dict:
     """An emulated GPT state_dict in TEGPT's parameter names and layouts (values unchanged)."""
     out = {}
     for name, t in sd.items():
-        if not name.startswith("blocks."):
-            out[name] = t  # wte, wpe, ln_f, lm_head: the same modules in both models
-            continue
-        _, i, rest = name.split(".", 2)
-        module, _, kind = rest.rpartition(".")  # kind: weight or bias
-        if module not in BLOCK_NAMES or kind not in ("weight", "bias"):
-            raise KeyError(f"{name}: no TE counterpart")
-        if module == "attn.qkv" and interleave:
+        if interleave and ".attn.qkv." in name:  # weight and bias
             t = qkv_interleave(t, n_head)
-        out[f"blocks.{i}.layer.{BLOCK_NAMES[module]}{kind}"] = t
+        out[te_param_name(name)] = t
+    return out
+
+
+def bump_ulps(sd: dict, frac: float = 1e-3, seed: int = 0) -> dict:
+    """A copy of a bf16-valued state_dict with a random `frac` of every matrix's elements moved one
+    bf16 ulp away from zero: a perturbation of about the size by which two GEMM orders differ."""
+    gen, out = torch.Generator().manual_seed(seed), {}
+    for name, t in sd.items():
+        if t.dim() < 2 or not t.is_floating_point():
+            out[name] = t
+            continue
+        bits = t.to(torch.bfloat16).view(torch.int16).clone()
+        pick = torch.rand(t.shape, generator=gen) < frac
+        bits[pick] += 1  # sign-magnitude: +1 on the bits is one ulp further from zero either side
+        out[name] = bits.view(torch.bfloat16).to(t.dtype)
     return out
 
 
@@ -103,7 +123,7 @@ def trainer(*overrides: str):
     from harness.hardware import resolve_hardware
     from harness.train import Trainer
 
-    cfg = OmegaConf.to_object(compose([*BASE, *EXTRA, *overrides]))
+    cfg = OmegaConf.to_object(compose([*BASE, *EXTRA, *EXTRA_PAIR, *overrides]))
     cfg.hardware = resolve_hardware(cfg.hardware)
     validate(cfg)
     return Trainer(cfg, Path(os.environ.get("OUT", ".")) / "runs")
@@ -344,6 +364,83 @@ def curve(overrides: list[str], steps: int, weights: dict | None = None) -> dict
     }
 
 
+def step0_grads(overrides: list[str], weights: dict) -> dict:
+    """One forward and backward of the first batch from `weights`: the loss and every parameter's
+    gradient as the optimizer would read it (fp32 main_grad where there is one), by emulated name."""
+    tr = trainer(*overrides)
+    names = {te_param_name(n): n for n in weights}
+    if tr.backend.name == "te":
+        load_into_te(tr.model, weights, tr.cfg.model.num_attention_heads)
+    else:
+        tr.model.load_state_dict(weights)
+        names = {n: n for n in weights}
+    tr.backend.microbatch(0, 1)
+    x, y = tr._next_batch()
+    with tr.backend.autocast():
+        loss = tr.model.loss(x, y)
+    loss.backward()
+    tr.backend.microbatch(None, 1)
+    grads = {}
+    for name, p in tr.model.named_parameters():
+        g = p.main_grad if hasattr(p, "main_grad") else p.grad
+        grads[names[name]] = g.detach().float().cpu()
+    return {"loss": float(loss.detach()), "grads": grads}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def compare_grads(recipe: str) -> dict:
+    """Step-0 gradients, emulated vs TE, against TE BF16's from the same weights and batch.
+
+    Per parameter: rel(emu, te) = |g_emu - g_te| / |g_te|; rel(te, bf16) and rel(emu, bf16), how far
+    each backend's quantized gradient is from the unquantized one; |g_emu| / |g_te|. An operand that
+    one backend quantizes and the other does not shows as rel(emu, bf16) far from rel(te, bf16)."""
+    sd = emulated_start(recipe)[1]
+    em = step0_grads([f"recipe={recipe}", "backend=emulated"], sd)
+    te = step0_grads([f"recipe={recipe}", "backend=te"], sd)
+    ref = step0_grads(["recipe=bf16", "backend=te"], sd)
+    rows = []
+    for name, g in te["grads"].items():
+        ge, gr = em["grads"][name], ref["grads"][name]
+        rows.append([name, rel(ge, g), rel(g, gr), rel(ge, gr), float(ge.norm() / g.norm().clamp_min(1e-30))])
+    worst = sorted(rows, key=lambda r: r[1] / max(r[2], 1e-12), reverse=True)[:8]
+    med = lambda i: float(torch.tensor([r[i] for r in rows]).median())  # noqa: E731
+    return {
+        "loss": {"emulated": em["loss"], "te": te["loss"], "te_bf16": ref["loss"]},
+        "median_rel_emu_te": med(1),
+        "median_rel_te_bf16": med(2),
+        "median_rel_emu_bf16": med(3),
+        "median_norm_ratio_emu_te": med(4),
+        "params_with_rel_emu_te_over_half_rel_te_bf16": sum(r[1] > 0.5 * r[2] for r in rows),
+        "params": len(rows),
+        "worst": worst,  # by rel(emu, te) / rel(te, bf16)
+        "rows": rows,  # [name, rel(emu, te), rel(te, bf16), rel(emu, bf16), |g_emu| / |g_te|]
+    }
+
+
+def sensitivity(recipe: str, steps: int) -> dict:
+    """How far TE's own curve moves when 0.1% of the weights move one bf16 ulp: the floor below which
+    no emulator can hold TE's curve, since its GEMMs' rounding already differs by about that much.
+    Also the step-0 gradient difference that perturbation makes, to set beside compare_grads'."""
+    sd = emulated_start(recipe)[1]
+    bumped = bump_ulps(sd)
+    ov = [f"recipe={recipe}", "backend=te"]
+    a, b = curve(ov, steps, sd), curve(ov, steps, bumped)
+    ga, gb = step0_grads(ov, sd)["grads"], step0_grads(ov, bumped)["grads"]
+    diffs = {
+        k: [[s, abs(va - vb)] for (s, va), (_, vb) in zip(a[k], b[k], strict=True)] for k in ("train", "eval")
+    }
+    return {
+        "te": a,
+        "te_bumped": b,
+        "abs_diff": diffs,
+        "max_abs_diff": {k: max(v for _, v in d) for k, d in diffs.items()},
+        "median_rel_grad_bumped_vs_te": float(torch.tensor([rel(gb[n], ga[n]) for n in ga]).median()),
+    }
+
+
 def guard(fn, *a):
     try:
         return fn(*a)
@@ -376,6 +473,13 @@ def criterion(a: dict, b: dict, seeds: list[dict], key: str) -> dict:
     }
 
 
+def criterion_free(pair: dict, key: str) -> dict:
+    """|emulated - te| per logged step and the signed mean (emulated - te), without a BF16 band."""
+    rows = [[s, va - vb] for (s, va), (_, vb) in zip(pair["emulated"][key], pair["te"][key], strict=True)]
+    mean = sum(d for _, d in rows) / len(rows)
+    return {"max_pair_diff": max(abs(d) for _, d in rows), "mean_signed": mean, "rows": rows}
+
+
 def print_summary(res: dict, recipes: list[str], pairs: list[str]) -> None:
     print("\n==== te_vs_emulated summary ====")
     for key, v in res.get("mapping", {}).items():
@@ -386,12 +490,35 @@ def print_summary(res: dict, recipes: list[str], pairs: list[str]) -> None:
         rows += [(role, k, v) for role in ("input", "weight") for k, v in o.get(role, {}).items()]
         for role, k, v in rows:
             print(f"operands {r:<10} {role:<6} {k:<48} {json.dumps(v)}")
-    for r in (r for r in pairs if f"criterion/{r}" in res):
-        c = res[f"criterion/{r}"]
+    for key in (k for k in res if k.startswith("grads/")):
+        g = res[key]
+        if "error" in g:
+            print(f"{key}: {g['error']}")
+            continue
+        print(
+            f"{key:<18} loss emu/te/bf16 {g['loss']['emulated']:.5f}/{g['loss']['te']:.5f}/"
+            f"{g['loss']['te_bf16']:.5f}  median rel(emu,te)={g['median_rel_emu_te']:.3g}  "
+            f"rel(te,bf16)={g['median_rel_te_bf16']:.3g}  rel(emu,bf16)={g['median_rel_emu_bf16']:.3g}  "
+            f"|emu|/|te|={g['median_norm_ratio_emu_te']:.4f}  "
+            f"params rel(emu,te)>rel(te,bf16)/2: "
+            f"{g['params_with_rel_emu_te_over_half_rel_te_bf16']}/{g['params']}"
+        )
+        for w in g["worst"][:4]:
+            print(f"    {w[0]:<58} rel(emu,te)={w[1]:.3g} rel(te,bf16)={w[2]:.3g} rel(emu,bf16)={w[3]:.3g}")
+    for key in (k for k in res if k.startswith("sensitivity/")):
+        v = res[key]
+        keep = ("max_abs_diff", "median_rel_grad_bumped_vs_te")
+        print(f"{key:<24} {json.dumps({k: v[k] for k in keep} if 'error' not in v else v['error'])}")
+    for key in (k for k in res if k.startswith("criterion/")):
+        c, r = res[key], key.split("/", 1)[1]
         for k in ("train", "eval") if "error" not in c else ():
             x = c[k]
+            if "holds" not in x:
+                m, d = x["max_pair_diff"], x["mean_signed"]
+                print(f"criterion {r:<16} {k:<5} max|emu-te|={m:.4g}  mean(emu-te)={d:+.4g}")
+                continue
             print(
-                f"criterion {r:<10} {k:<5} holds={x['holds']}  max|emu-te|={x['max_pair_diff']:.4g}  "
+                f"criterion {r:<16} {k:<5} holds={x['holds']}  max|emu-te|={x['max_pair_diff']:.4g}  "
                 f"min|s0-s1|={x['min_seed_diff']:.4g}  violating steps={x['violating_steps']}  "
                 f"vs mean of {x['bf16_seeds']} seeds' pairs: holds={x['holds_vs_mean_pairwise']} "
                 f"violating={x['violating_steps_vs_mean_pairwise']}"
@@ -405,7 +532,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--recipes", default="tensorwise,delayed,blockwise")
     p.add_argument("--parts", default="mapping,operands,curves")
-    p.add_argument("--bf16-seeds", type=int, default=4, help="TE BF16 seeds for the seed band (>= 2)")
+    p.add_argument("--bf16-seeds", type=int, default=4, help="TE BF16 seeds for the band (>= 2; 0: none)")
+    p.add_argument("--pair-seeds", default="", help="seeds for the emulated/te pairs' weights, data")
     p.add_argument("--no-bf16-pair", action="store_true", help="skip the emulated-vs-te BF16 control pair")
     p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. log_interval=25")
     args = p.parse_args()
@@ -435,10 +563,20 @@ def main() -> None:
     if "operands" in parts:
         for r in recipes:
             part(f"operands/{r}", compare_operands, r)
-    if "curves" in parts:
-        for seed in range(max(2, args.bf16_seeds)):
-            part(f"curves/bf16_te_s{seed}", curve, ["recipe=bf16", "backend=te", f"seed={seed}"], args.steps)
+    if "grads" in parts:
         for r in pairs:
+            part(f"grads/{r}", compare_grads, r)
+    if "sensitivity" in parts:
+        for r in pairs:
+            part(f"sensitivity/{r}", sensitivity, r, args.steps)
+    if "curves" in parts:
+        for seed in range(args.bf16_seeds):
+            part(f"curves/bf16_te_s{seed}", curve, ["recipe=bf16", "backend=te", f"seed={seed}"], args.steps)
+        pair_seeds = [int(x) for x in args.pair_seeds.split(",")] if args.pair_seeds else [None]
+        for r, ps in ((r, ps) for ps in pair_seeds for r in pairs):
+            seeded = [] if ps is None else [f"seed={ps}"]
+            key = r if ps is None else f"{r}_seed{ps}"
+            EXTRA_PAIR[:] = seeded
 
             def pair(r=r) -> dict:  # the same weights and, from the same seed, the same batches
                 sd = emulated_start(r)[1]
@@ -447,13 +585,17 @@ def main() -> None:
                     for b in ("emulated", "te")
                 }
 
-            part(f"curves/{r}", pair)
-            seeds = [res.get(f"curves/bf16_te_s{i}", {}) for i in range(max(2, args.bf16_seeds))]
-            pr = res.get(f"curves/{r}", {})
-            part(
-                f"criterion/{r}",
-                lambda: {k: criterion(pr["emulated"], pr["te"], seeds, k) for k in ("train", "eval")},  # noqa: B023
-            )
+            part(f"curves/{key}", pair)
+            EXTRA_PAIR[:] = []
+            seeds = [res.get(f"curves/bf16_te_s{i}", {}) for i in range(args.bf16_seeds)]
+            pr = res.get(f"curves/{key}", {})
+            if len(seeds) >= 2:
+                part(
+                    f"criterion/{key}",
+                    lambda: {k: criterion(pr["emulated"], pr["te"], seeds, k) for k in ("train", "eval")},  # noqa: B023
+                )
+            else:  # no BF16 band asked for (--bf16-seeds 0): the pair's own gaps
+                part(f"criterion/{key}", lambda: {k: criterion_free(pr, k) for k in ("train", "eval")})  # noqa: B023
     guard(print_summary, res, recipes, pairs)
     print(f"written: {path}")
 
