@@ -12,6 +12,14 @@ from harness.config.schema import Config
 from harness.precision import PrecisionPlan
 
 
+def uses_main_grads(cfg: Config) -> bool:
+    """Megatron's fp32 main grads (master weights, main_grads_dtype=fp32): TE's block linears then
+    write their wgrad GEMM's fp32 output straight into `main_grad` (fuse_wgrad_accumulation), so no
+    bf16 weight gradient is ever made; the emulated block linears keep their wgrad fp32 alike."""
+    o = cfg.optimizer
+    return o.master_weights and o.main_grads_dtype == "fp32"
+
+
 class Backend(ABC):
     """One per run. `autocast()` is the only precision context the training loop uses."""
 

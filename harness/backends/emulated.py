@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness.backends.base import Backend
+from harness.backends.base import Backend, uses_main_grads
 from harness.model import GPT
 from harness.numerics import NumericsContext, QuantizedLinear
 from harness.numerics.formats import E4M3, cast_fp8
@@ -52,13 +52,45 @@ def fused_casts(name: str, recipe: str, activation: str) -> dict[str, bool]:
     return {"fused_input_cast": fused_in, "fused_grad_cast": fused_grad, "fp32_output": feeds_fused_act}
 
 
-def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """y = x @ W.T (+ b) with bf16 operands, fp32 accumulation and a bf16 result (autograd-aware)."""
+def bf16_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, wgrad_fp32: bool = False
+) -> torch.Tensor:
+    """y = x @ W.T (+ b) with bf16 operands, fp32 accumulation and a bf16 result (autograd-aware).
+    `wgrad_fp32`: dW is the wgrad GEMM's fp32 result, not rounded to bf16 (TE's fused wgrad
+    accumulation into fp32 main grads); dx and db are bf16 either way."""
+    if wgrad_fp32 and torch.is_grad_enabled() and weight.requires_grad:
+        return _BF16LinearFP32WGrad.apply(x, weight, bias)
     b = bias.to(BF16) if bias is not None else None
     if x.is_cuda:
         return F.linear(x.to(BF16), weight.to(BF16), b)
     y = F.linear(x.to(BF16).float(), weight.to(BF16).float(), b.float() if b is not None else None)
     return y.to(BF16)
+
+
+class _BF16LinearFP32WGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x16, w16 = x.to(BF16), weight.to(BF16)
+        ctx.save_for_backward(x16, w16)
+        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.b_dtype = bias.dtype if bias is not None else None
+        with torch.no_grad():
+            return bf16_linear(x16, w16, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x16, w16 = ctx.saved_tensors
+        dy16 = dy.to(BF16)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = dy16 @ w16 if dy16.is_cuda else (dy16.float() @ w16.float()).to(BF16)
+            dx = dx.to(ctx.x_dtype)
+        dy2 = dy16.reshape(-1, dy16.shape[-1]).float()
+        if ctx.needs_input_grad[1]:
+            dw = (dy2.t() @ x16.reshape(-1, x16.shape[-1]).float()).to(ctx.w_dtype)
+        if ctx.b_dtype is not None and ctx.needs_input_grad[2]:
+            db = dy2.sum(0).to(BF16).to(ctx.b_dtype)
+        return dx, dw, db
 
 
 class Int4QAT:
@@ -79,9 +111,11 @@ class Int4QAT:
 class EmulatedLinear(nn.Module):
     """nn.Linear-compatible; `quant` (None = BF16) implements the recipe's quantized GEMMs."""
 
-    def __init__(self, name: str, in_features: int, out_features: int, bias: bool, quant=None):
+    def __init__(
+        self, name: str, in_features: int, out_features: int, bias: bool, quant=None, wgrad_fp32=False
+    ):
         super().__init__()
-        self.name = name
+        self.name, self.wgrad_fp32 = name, wgrad_fp32
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
@@ -90,11 +124,11 @@ class EmulatedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant is None:
-            return bf16_linear(x, self.weight, self.bias)
+            return bf16_linear(x, self.weight, self.bias, self.wgrad_fp32)
         return self.quant.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        q = "bf16" if self.quant is None else repr(self.quant)
+        q = ("bf16, dW fp32" if self.wgrad_fp32 else "bf16") if self.quant is None else repr(self.quant)
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}, numerics={q}"
 
 
@@ -151,7 +185,7 @@ class EmulatedOps:
         self.backend.linear_names.append(name)
         recipe = self.backend.plan.recipe_for(name)
         quant = None if recipe is None else self.backend.make_numerics(name, recipe)
-        return EmulatedLinear(name, in_features, out_features, bias, quant)
+        return EmulatedLinear(name, in_features, out_features, bias, quant, self.backend.wgrad_fp32(name))
 
     def activation(self, name: str, kind: str) -> nn.Module:
         return Activation(name, kind, self.backend.cfg.optimizer.activation_func_fp8_input_store)
@@ -166,6 +200,11 @@ class EmulatedBackend(Backend):
         self.linear_names: list[str] = []
         self.modules: dict[str, QuantizedLinear | Int4QAT] = {}
 
+    def wgrad_fp32(self, name: str) -> bool:
+        """TE's block linears (not the LM head, a plain BF16 nn.Linear there) write fp32 weight
+        grads when Megatron's fp32 main grads are on; INT4 QAT never fuses them (numerics.md)."""
+        return name.startswith("blocks.") and uses_main_grads(self.cfg) and self.cfg.recipe.name != "int4_qat"
+
     def make_numerics(self, name: str, recipe) -> QuantizedLinear | Int4QAT:
         if recipe.name == "int4_qat":
             quant = Int4QAT(recipe.int4_group_size)
@@ -177,6 +216,7 @@ class EmulatedBackend(Backend):
                 self.numerics,
                 fp8_wgrad=stab.fp8_wgrad,
                 margin=stab.fp8_margin,
+                wgrad_fp32=self.wgrad_fp32(name),
                 **fused_casts(name, recipe.name, self.cfg.model.activation),
             )
         self.modules[name] = quant

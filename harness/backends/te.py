@@ -17,7 +17,7 @@ import os
 import torch
 import torch.nn as nn
 
-from harness.backends.base import Backend
+from harness.backends.base import Backend, uses_main_grads
 from harness.config.schema import Config, RecipeConfig, StabilityConfig
 from harness.config.validate import LOWP_SET_NVTE, NVTE_FROM_CONFIG, NVTE_RECIPE
 from harness.model import GPT
@@ -94,12 +94,6 @@ def build_te_recipe(r: RecipeConfig, s: StabilityConfig):
             qfactory=load_factory(r.quantizer_factory), fp8_format=fmt, backward_override=backward
         )
     return None
-
-
-def uses_main_grads(cfg: Config) -> bool:
-    """Whether harness.optim builds fp32 main grads for this run (TE with master weights, fp32 grads)."""
-    o = cfg.optimizer
-    return o.master_weights and o.main_grads_dtype == "fp32"
 
 
 class TEBlock(nn.Module):

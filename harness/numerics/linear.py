@@ -5,8 +5,10 @@ numerics.md section 1:
     dgrad  dx = dy W   : dy rowwise x W columnwise
     wgrad  dW = dy^T x : dy columnwise x x columnwise (x's copy made in forward and saved)
 Operands are quantized from bf16 (activations, bf16(W), incoming bf16 grads), dequantized, and
-multiplied in fp32; every GEMM output is rounded to bf16 as `bf16_linear` does. With
-fp8_wgrad=False the wgrad GEMM takes the bf16 operands instead. The weight's two copies are
+multiplied in fp32; fprop and dgrad outputs are rounded to bf16 as `bf16_linear` does, the wgrad
+output too unless `wgrad_fp32` (Megatron's fp32 main grads: TE's fused wgrad accumulation writes the
+GEMM's fp32 result into `main_grad`; numerics.md section 1). With fp8_wgrad=False the wgrad GEMM
+takes the bf16 operands instead. The weight's two copies are
 cached while bf16(W) is unchanged: TE (driven by Megatron's is_first_microbatch) quantizes W
 once per optimizer step, not once per micro-batch.
 """
@@ -36,6 +38,7 @@ class QuantizedLinear:
         fused_input_cast: bool = False,
         fused_grad_cast: bool = False,
         fp32_output: bool = False,
+        wgrad_fp32: bool = False,
     ):
         """`fused_input_cast` / `fused_grad_cast`: TE casts this GEMM's input (norm or activation
         output) / grad output (the activation's backward) to FP8 inside the kernel that computes it,
@@ -44,7 +47,7 @@ class QuantizedLinear:
         runs in fp32 and its backward hands back an unrounded gradient."""
         self.name, self.recipe, self.context, self.fp8_wgrad = name, recipe, context, fp8_wgrad
         self.fused_input_cast, self.fused_grad_cast = fused_input_cast, fused_grad_cast
-        self.fp32_output = fp32_output
+        self.fp32_output, self.wgrad_fp32 = fp32_output, wgrad_fp32
         self.calls = 0
         self._weight_cache: tuple | None = None
         if recipe.name == "delayed":
@@ -98,6 +101,7 @@ class QuantizedLinear:
     def __repr__(self) -> str:
         q = self.quantizers
         extra = "" if self.fp8_wgrad else ", wgrad=bf16"
+        extra += ", dW fp32" if self.wgrad_fp32 else ""
         fused = [r for r, f in (("input", self.fused_input_cast), ("grad", self.fused_grad_cast)) if f]
         extra += f", fused fp32 cast={'+'.join(fused)}" if fused else ""
         return f"{self.recipe.name}(input={q['input']!r}, weight={q['weight']!r}, grad={q['grad']!r}{extra})"
@@ -146,7 +150,8 @@ class _QuantizedLinearFn(torch.autograd.Function):
         if need_dw:
             dy_w = _deq2d(dyc, dy2.shape[0]) if fp8_dw else dy2.float()
             x_w = x_saved.float()
-            dw = (dy_w.t() @ x_w).to(BF16).to(ctx.w_dtype)  # (N, K)
+            dw = dy_w.t() @ x_w  # (N, K), fp32
+            dw = (dw if mod.wgrad_fp32 else dw.to(BF16)).to(ctx.w_dtype)
         if need_db and ctx.b_dtype is not None:
             db = dy2.float().sum(0).to(BF16).to(ctx.b_dtype)  # dbias from the unquantized grad
         if ctx.first:

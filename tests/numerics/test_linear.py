@@ -81,6 +81,66 @@ def test_weight_quantized_once_per_value(monkeypatch):
     assert calls == [False, True, False, True]
 
 
+def test_wgrad_fp32_keeps_the_wgrad_gemm_unrounded():
+    """Megatron's fp32 main grads: TE's fused wgrad accumulation writes the GEMM's fp32 result."""
+    recipe = resolve_recipe("tensorwise")
+    x, w, b, dy = operands()
+    QuantizedLinear("blocks.0.mlp.fc1", recipe, NumericsContext(), wgrad_fp32=True).linear(x, w, b).backward(
+        dy
+    )
+    x_col = deq(x.detach().to(BF16), recipe, "input", columnwise=True)
+    dw_ref = deq(dy, recipe, "grad", True).t() @ x_col
+    assert torch.equal(w.grad, dw_ref)
+    assert not torch.equal(w.grad, dw_ref.to(BF16).float())  # really not rounded to bf16
+    dx_bf16, db_bf16 = x.grad.clone(), b.grad.clone()
+    x.grad = w.grad = b.grad = None
+    QuantizedLinear("blocks.0.mlp.fc1", recipe, NumericsContext()).linear(x, w, b).backward(dy)
+    assert torch.equal(w.grad, dw_ref.to(BF16).float())  # the default rounds it
+    assert torch.equal(x.grad, dx_bf16) and torch.equal(b.grad, db_bf16)  # dx, db unchanged
+
+
+def test_bf16_linear_wgrad_fp32_matches_autograd_but_unrounded():
+    x, w, b, dy = operands()
+    y = EmulatedLinear("blocks.0.attn.proj", 256, 128, True, wgrad_fp32=True)
+    with torch.no_grad():
+        y.weight.copy_(w), y.bias.copy_(b)
+    out = y(x)
+    out.backward(dy)
+    ref = EmulatedLinear("blocks.0.attn.proj", 256, 128, True)
+    with torch.no_grad():
+        ref.weight.copy_(w), ref.bias.copy_(b)
+    x2 = x.detach().clone().requires_grad_()
+    out_ref = ref(x2)
+    out_ref.backward(dy)
+    assert torch.equal(out, out_ref)
+    assert torch.equal(x.grad, x2.grad) and torch.equal(y.bias.grad, ref.bias.grad)
+    exact = dy.float().t() @ x.detach().to(BF16).float()
+    assert torch.equal(y.weight.grad, exact)
+    assert torch.equal(ref.weight.grad, exact.to(BF16).float())
+
+
+@pytest.mark.parametrize(
+    "overrides, fp32",
+    [
+        ([], True),  # the default: master weights, fp32 main grads
+        (["optimizer=bf16_params"], False),
+        (["optimizer.use_precision_aware_optimizer=true", "optimizer.main_grads_dtype=bf16"], False),
+    ],
+)
+def test_block_wgrads_are_fp32_exactly_when_te_fuses_them(overrides, fp32):
+    cfg = compose_cfg("model=gpt_tiny", "recipe=tensorwise", "backend=emulated", "logger=none", *overrides)
+    backend = build_backend(cfg, torch.device("cpu"))
+    model = backend.build_model()
+    x = torch.randint(0, cfg.model.vocab_size, (2, 32))
+    with backend.autocast():
+        model.loss(x, x).backward()
+    for name, p in model.named_parameters():
+        if p.grad is None or p.dim() != 2 or name.startswith(("wte", "wpe")):
+            continue
+        bf16_valued = torch.equal(p.grad.to(BF16).float(), p.grad.float())
+        assert bf16_valued == (not fp32 or name == "lm_head.weight"), name
+
+
 def test_first_last_blocks_and_lm_head_stay_bf16():
     cfg = compose_cfg(
         "model=gpt_tiny",
