@@ -10,6 +10,7 @@
 # I: why the curves part: step-0 gradients emulated vs TE vs TE BF16, TE's own sensitivity to 1-ulp weight
 #    moves, and the emulated/te pairs from a second seed (is emulated - te of one sign?)
 # J: step-0 gradients and the 300-step curves again after the emulated wgrad kept fp32 (fp32 main grads)
+# K: J + the sensitivity part judged by the same BF16 band (TE vs TE-bumped): everything behind the #3 note
 # F: the LM head + loss in chunks (model.lm_head_loss_chunks) toward 1.4B tensorwise <= 225 ms and <= 34 GiB
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -86,6 +87,9 @@ I)
 J)
   OUT=$OUT timeout "$(left 570)" python3 scripts/te_vs_emulated.py --parts grads,curves --steps 300 \
     --bf16-seeds 4 log_interval=25 2>&1 | tail -60 > "$OUT/tve_J.log" ;;
+K)
+  OUT=$OUT timeout "$(left 570)" python3 scripts/te_vs_emulated.py --parts grads,curves,sensitivity --steps 300 \
+    --bf16-seeds 4 log_interval=25 2>&1 | tail -70 > "$OUT/tve_K.log" ;;
 esac
 # this phase's benches only (at most 8 files come back)
 for d in /tmp/b/"${1,,}"*/; do [ -f "$d/bench.json" ] && cp "$d/bench.json" "$OUT/bench_$(basename "$d").json"; done 2>/dev/null

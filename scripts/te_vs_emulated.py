@@ -1,7 +1,7 @@
 """TE vs the emulator from the same weights: step-0 operands bit for bit, loss curves vs two BF16 seeds.
 
     OUT=/some/dir python scripts/te_vs_emulated.py [--steps 300] [--recipes tensorwise,delayed,blockwise]
-        [--parts mapping,operands,curves] [--no-bf16-pair] [override ...]
+        [--parts mapping,operands,curves,grads,sensitivity] [--pair-seeds 1,2] [--no-bf16-pair] [override ...]
 
 Issue 3's GPU criteria on gpt_small / markov / hardware=auto. The emulated GPT's weights, rounded to
 bf16 (so both backends hold them exactly), are copied into the TE model (TE's names, interleaved QKV).
@@ -10,8 +10,10 @@ after each. mapping: BF16 logits of both models on one batch (close, not bitwise
 off (1, 0), plus a control with a non-interleaved QKV (far off). operands: block 0's QKV GEMM, TE's
 operands captured in a training forward (general_gemm's A = weight, B = quantized LN output) vs
 TE's quantizers on TE's bf16 LN output / weight vs lowp's quantize() on the same tensors and on
-lowp's own LN output. curves: TE BF16 seeds 0 and 1; per recipe emulated and TE from the same
-weights and batches; per logged step |emulated - te| against |seed0 - seed1|.
+lowp's own LN output. curves: TE BF16 seeds 0..N-1; per recipe emulated and TE from the same
+weights and batches; per logged step |emulated - te| against |seed0 - seed1| and against the mean
+|seed_i - seed_j|. grads: step-0 gradients, emulated vs TE vs TE BF16. sensitivity: TE against
+itself with 0.1% of the weights one bf16 ulp off, judged by the same criterion (the floor).
 """
 
 from __future__ import annotations
@@ -566,9 +568,6 @@ def main() -> None:
     if "grads" in parts:
         for r in pairs:
             part(f"grads/{r}", compare_grads, r)
-    if "sensitivity" in parts:
-        for r in pairs:
-            part(f"sensitivity/{r}", sensitivity, r, args.steps)
     if "curves" in parts:
         for seed in range(args.bf16_seeds):
             part(f"curves/bf16_te_s{seed}", curve, ["recipe=bf16", "backend=te", f"seed={seed}"], args.steps)
@@ -596,6 +595,16 @@ def main() -> None:
                 )
             else:  # no BF16 band asked for (--bf16-seeds 0): the pair's own gaps
                 part(f"criterion/{key}", lambda: {k: criterion_free(pr, k) for k in ("train", "eval")})  # noqa: B023
+    if "sensitivity" in parts:  # after the curves: TE vs TE-bumped is judged by the same BF16 band
+        seeds = [res.get(f"curves/bf16_te_s{i}", {}) for i in range(args.bf16_seeds)]
+        for r in pairs:
+            part(f"sensitivity/{r}", sensitivity, r, args.steps)
+            sv = res[f"sensitivity/{r}"]
+            if len(seeds) >= 2 and "error" not in sv:
+                part(
+                    f"criterion/{r}_te_vs_te_bumped",
+                    lambda: {k: criterion(sv["te"], sv["te_bumped"], seeds, k) for k in ("train", "eval")},  # noqa: B023
+                )
     guard(print_summary, res, recipes, pairs)
     print(f"written: {path}")
 
