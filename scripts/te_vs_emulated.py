@@ -35,7 +35,6 @@ from gpu_fidelity import cast_saturation, mismatches, te_quantize, valid_region 
 
 BASE = ["model=gpt_small", "data=markov", "hardware=auto", "logger=none", "telemetry_interval=0"]
 EXTRA: list[str] = []  # overrides from the command line
-EXTRA_PAIR: list[str] = []  # the seed of the emulated/te pair being run (--pair-seeds)
 BLOCK_NAMES = {  # emulated Block module -> te.TransformerLayer parameter prefix (fuse_qkv_params=True)
     "ln1": "self_attention.layernorm_qkv.layer_norm_",
     "attn.qkv": "self_attention.layernorm_qkv.",
@@ -125,15 +124,15 @@ def trainer(*overrides: str):
     from harness.hardware import resolve_hardware
     from harness.train import Trainer
 
-    cfg = OmegaConf.to_object(compose([*BASE, *EXTRA, *EXTRA_PAIR, *overrides]))
+    cfg = OmegaConf.to_object(compose([*BASE, *EXTRA, *overrides]))
     cfg.hardware = resolve_hardware(cfg.hardware)
     validate(cfg)
     return Trainer(cfg, Path(os.environ.get("OUT", ".")) / "runs")
 
 
-def emulated_start(recipe: str, perturb_norms: bool = False):
+def emulated_start(recipe: str, perturb_norms: bool = False, extra: tuple[str, ...] = ()):
     """An emulated trainer with bf16-valued weights, and a CPU copy of its state_dict."""
-    em = trainer(f"recipe={recipe}", "backend=emulated")
+    em = trainer(f"recipe={recipe}", "backend=emulated", *extra)
     if perturb_norms:  # norms and biases off (1, 0), so a swapped or missed one shows
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -370,9 +369,9 @@ def step0_grads(overrides: list[str], weights: dict) -> dict:
     """One forward and backward of the first batch from `weights`: the loss and every parameter's
     gradient as the optimizer would read it (fp32 main_grad where there is one), by emulated name."""
     tr = trainer(*overrides)
-    names = {te_param_name(n): n for n in weights}
     if tr.backend.name == "te":
         load_into_te(tr.model, weights, tr.cfg.model.num_attention_heads)
+        names = {te_param_name(n): n for n in weights}
     else:
         tr.model.load_state_dict(weights)
         names = {n: n for n in weights}
@@ -573,19 +572,17 @@ def main() -> None:
             part(f"curves/bf16_te_s{seed}", curve, ["recipe=bf16", "backend=te", f"seed={seed}"], args.steps)
         pair_seeds = [int(x) for x in args.pair_seeds.split(",")] if args.pair_seeds else [None]
         for r, ps in ((r, ps) for ps in pair_seeds for r in pairs):
-            seeded = [] if ps is None else [f"seed={ps}"]
+            seeded = () if ps is None else (f"seed={ps}",)
             key = r if ps is None else f"{r}_seed{ps}"
-            EXTRA_PAIR[:] = seeded
 
-            def pair(r=r) -> dict:  # the same weights and, from the same seed, the same batches
-                sd = emulated_start(r)[1]
+            def pair(r=r, seeded=seeded) -> dict:  # the same weights and, from one seed, the same batches
+                sd = emulated_start(r, extra=seeded)[1]
                 return {
-                    b: guard(curve, [f"recipe={r}", f"backend={b}"], args.steps, sd)
+                    b: guard(curve, [f"recipe={r}", f"backend={b}", *seeded], args.steps, sd)
                     for b in ("emulated", "te")
                 }
 
             part(f"curves/{key}", pair)
-            EXTRA_PAIR[:] = []
             seeds = [res.get(f"curves/bf16_te_s{i}", {}) for i in range(args.bf16_seeds)]
             pr = res.get(f"curves/{key}", {})
             if len(seeds) >= 2:
