@@ -22,11 +22,10 @@ import harness.numerics.formats as formats
 from harness.numerics import quantize
 from harness.numerics.api import resolve_recipe
 from harness.numerics.formats import E4M3, E5M2, cast_fp8
-from scripts.gpu_fidelity import make_input
+from tests.numerics.references.inputs import KINDS, make_input
 
 F64 = torch.float64
 FLT_MAX = float(torch.finfo(torch.float32).max)
-KINDS = ("normal", "outliers", "tiny", "decades")
 
 
 # ------------------------------------------------------------------------------------------
