@@ -1,0 +1,139 @@
+"""The benchmarks on the CPU: every module imports and answers --help, every spec file parses, names
+only existing options and config fields, and composes; the throughput anchor shape comes from
+conf/model. The GPU runs themselves are in benchmarks/RESULTS.md."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+
+import pytest
+
+import benchmarks
+from benchmarks import specs
+from benchmarks.throughput import anchor_shape
+from tests.helpers import compose_cfg
+
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(benchmarks.__path__, "benchmarks.")
+    if hasattr(importlib.import_module(m.name), "main")
+)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_benchmark_module_answers_help(name, capsys):
+    mod = importlib.import_module(name)
+    with pytest.raises(SystemExit) as exit_:
+        mod.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m ") and (mod.__doc__ or "").splitlines()[0] in out
+
+
+def test_the_runner_lists_every_spec(capsys):
+    assert importlib.import_module("benchmarks.__main__").main(["--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == specs.names() and len(listed) >= 15
+
+
+@functools.cache
+def composes(overrides: tuple[str, ...]) -> bool:
+    """Compose (unknown groups and keys fail) and, for fixed hardware presets, validate as the GPU run
+    will (backend.te_version stands in for TE); hardware=auto resolves to this CPU, so compose only.
+    Cached: the fidelity specs share most of their configs."""
+    (specs.compose_only if "hardware=auto" in overrides else specs.load_config)(list(overrides))
+    return True
+
+
+@pytest.mark.parametrize("name", specs.names())
+def test_every_spec_names_existing_options_and_config_fields(name):
+    spec = specs.load_spec(name)
+    mod = specs.module(spec.benchmark)
+    opts = specs.options_for(mod.Options, spec.options, f"spec {name}")
+    for label, overrides in mod.plan(spec, opts).items():
+        assert label and composes(tuple(overrides))
+    assert spec.description
+
+
+def test_bad_specs_fail_in_one_line_naming_the_fix(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("benchmark: throughput\nruns: {a: [recipe=bf16]}\nextra: 1\n")
+    with pytest.raises(specs.SpecError, match=r"unknown key\(s\) \['extra'\]"):
+        specs.load_spec(path)
+    path.write_text("benchmark: throughput\noptions: {bare_loop: false}\n")
+    spec = specs.load_spec(path)
+    with pytest.raises(specs.SpecError, match=r"unknown option\(s\) \['bare_loop'\].*'bare'"):
+        specs.options_for(importlib.import_module("benchmarks.throughput").Options, spec.options, "spec bad")
+    path.write_text("benchmark: throughput\nruns: {a: [recipe=bf16, optimizer.nope=1]}\n")
+    spec = specs.load_spec(path)
+    opts = importlib.import_module("benchmarks.throughput").Options()
+    with pytest.raises(specs.SpecError, match="spec bad, run a: Could not override 'optimizer.nope'"):
+        specs.check(spec, opts, validate=False)
+    with pytest.raises(specs.SpecError, match="no such file"):
+        specs.load_spec("no_such_spec")
+
+
+def test_a_spec_from_the_command_line_runs_with_its_module_only(capsys, tmp_path):
+    assert (
+        importlib.import_module("benchmarks.curves").main(["--spec", "anchor_1b", "--out", str(tmp_path)])
+        == 2
+    )
+    assert "for benchmarks.throughput" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_command_line_flags_win_over_the_spec():
+    mod = importlib.import_module("benchmarks.throughput")
+    parser = __import__("argparse").ArgumentParser()
+    specs.add_arguments(parser, mod.Options)
+    args = parser.parse_args(["--spec", "fusedadam_1b", "--bare", "--recipes", "bf16", "steps=4"])
+    spec, opts = specs.from_args(args, mod.Options, "throughput")
+    assert opts.bare is True and opts.recipes == ("bf16",) and opts.anchor == ""
+    assert spec.overrides[-1] == "steps=4"
+    assert spec.run_overrides()["tw_fp8states_fp32g"][-2:] == ["recipe=tensorwise", "optimizer=fp8_states"]
+
+
+def test_anchor_shape_is_read_from_conf_model():
+    cfg = compose_cfg("experiment=h200_1b")
+    assert anchor_shape(cfg) == (50304, 2048, 24, 16, 8192, 2048, 8)  # anchors.md's 1.4B row
+    cfg = compose_cfg("experiment=h200_8b_slice")
+    assert anchor_shape(cfg) == (50304, 4096, 6, 32, 16384, 4096, 2)
+    assert anchor_shape(compose_cfg("model=gpt_tiny", "model.activation=swiglu")) is None
+
+
+def test_emulator_overhead_runs_on_the_cpu(tmp_path):
+    import json
+
+    from benchmarks import emulator_overhead as eo
+
+    argv = ["--out", str(tmp_path), "--model", "gpt_tiny", "--batch", "2", "--steps", "2", "--warmup", "1"]
+    assert eo.main([*argv, "--recipes", "tensorwise"]) == 0
+    (path,) = tmp_path.glob("emulator_overhead_cpu_*.json")
+    res = json.loads(path.read_text())
+    assert list(res["rows"]) == ["bf16", "tensorwise"] and res["rows"]["bf16"]["wall_ratio"] == 1.0
+    assert res["rows"]["tensorwise"]["wall_s"] > 0 and res["_meta"]["options"]["model"] == "gpt_tiny"
+
+
+def test_curves_trains_and_collects_each_run_a_failing_one_too(tmp_path):
+    import json
+
+    from tests.helpers import TINY
+
+    spec = tmp_path / "tiny_curves.yaml"
+    runs = {
+        "bf16": ["recipe=bf16"],
+        "bad": ["recipe=tensorwise", "data=memmap", "data.path=/no/such/file.bin"],
+    }
+    overrides = [*TINY, "steps=4", "eval_interval=4"]
+    spec.write_text(json.dumps({"benchmark": "curves", "overrides": overrides, "runs": runs}))  # JSON is YAML
+    code = importlib.import_module("benchmarks.curves").main(
+        ["--spec", str(spec), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    )
+    assert code == 0
+    (path,) = (tmp_path / "out").glob("tiny_curves_cpu_*.json")
+    res = json.loads(path.read_text())
+    assert res["runs"]["bf16"]["summary"]["status"] == "completed" and len(res["runs"]["bf16"]["train"]) == 2
+    assert (tmp_path / "work" / "runs" / "bf16" / "summary.json").exists()
+    assert list(res["errors"]) == ["bad"] and "no such file" in res["errors"]["bad"]  # and bf16 kept
