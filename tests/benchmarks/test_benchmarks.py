@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,74 @@ def test_curves_trains_and_collects_each_run_a_failing_one_too(tmp_path):
     assert res["runs"]["bf16"]["summary"]["status"] == "completed" and len(res["runs"]["bf16"]["train"]) == 2
     assert (tmp_path / "work" / "runs" / "bf16" / "summary.json").exists()
     assert list(res["errors"]) == ["bad"] and "no such file" in res["errors"]["bad"]  # and bf16 kept
+
+
+@pytest.mark.slow
+def test_throughput_runs_the_harness_row_on_the_cpu(tmp_path, capsys):
+    import json
+
+    from benchmarks import throughput
+    from tests.helpers import TINY
+
+    argv = [
+        "--out",
+        str(tmp_path),
+        "--work",
+        str(tmp_path / "w"),
+        "--no-bare",
+        "--recipes",
+        "bf16,tensorwise",
+    ]
+    assert (
+        throughput.main(
+            [*argv, *TINY, "steps=3", "data.num_tokens=20000", "eval_tokens=512", "backend=emulated"]
+        )
+        == 0
+    )
+    (path,) = tmp_path.glob("throughput_cpu_*.json")
+    runs = json.loads(path.read_text())["runs"]
+    assert list(runs) == ["bf16", "tensorwise"] and runs["tensorwise"]["summary"]["status"] == "completed"
+    assert runs["bf16"]["anchor"] is None and "error" not in runs["tensorwise"]
+    assert "1.00x" in capsys.readouterr().out  # BF16 against itself in the table
+
+
+def test_quantizer_cases_are_accepted_by_lowp():
+    """Every case's lowp kwargs quantize (on the CPU here; on the GPU they are compared with TE)."""
+    import torch
+
+    from benchmarks.fidelity import quantizers as q
+
+    gen = torch.Generator().manual_seed(0)
+    for name, kind, te_kw, recipe, kw in q.cases():
+        x = q.make_input("outliers", (300, 200), gen)
+        scale = q.delayed_scale(x, te_kw, gen) if kind == "delayed" else None
+        got = q.valid_region(q.lowp_quantize(recipe, kw, x, scale), kind, te_kw, tuple(x.shape))
+        assert q.mismatches(got, got) == dict.fromkeys(got, 0), name
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_fidelity_parts_run_on_the_emulated_backend():
+    """The emulated half of the TE comparison (the TE half needs a GPU): a curve from given weights,
+    step-0 gradients, the 1-ulp bump and the band-free judgement."""
+    import torch
+
+    from benchmarks.fidelity import common, grads, te_vs_emulated
+    from tests.helpers import TINY
+
+    small = ("data.num_tokens=20000", "eval_tokens=512", "eval_interval=2")
+    setup = common.Setup(overrides=(*common.BASE, *TINY, *small), run_dir=Path("."))
+    em, sd = common.emulated_start(setup, "tensorwise")
+    assert all(torch.equal(v, v.to(torch.bfloat16).to(v.dtype)) for v in sd.values() if v.is_floating_point())
+    ov = ["recipe=tensorwise", "backend=emulated"]
+    a, b = common.curve(setup, ov, 3, sd), common.curve(setup, ov, 3, sd)
+    assert a["train"] == b["train"] and a["eval"] == b["eval"] and not a["errors"]  # same weights, same curve
+    g = grads.step0_grads(setup, ov, sd)
+    assert set(g["grads"]) == set(sd) and g["loss"] > 0
+    bumped = grads.bump_ulps(sd, frac=0.5)
+    w = "blocks.0.mlp.fc1.weight"
+    assert 0 < int((bumped[w] != sd[w]).sum()) < sd[w].numel() and torch.equal(
+        bumped["ln_f.weight"], sd["ln_f.weight"]
+    )
+    judged = te_vs_emulated.judge(a, b, [])
+    assert judged["train"]["max_pair_diff"] == 0.0
