@@ -257,7 +257,10 @@ def check(spec: Spec, opts, validate: bool = True) -> dict[str, list[str]]:
     any of them starts; returns label -> overrides. A bad name or illegal combination is a SpecError."""
     from harness.config.validate import ConfigError
 
-    plan = module(spec.benchmark).plan(spec, opts)
+    mod = module(spec.benchmark)
+    plan = mod.plan(spec, opts)
+    if validate and hasattr(mod, "preflight"):  # files the run needs on this machine (e.g. the anchor)
+        mod.preflight(spec, opts)
     for label, overrides in plan.items():
         try:
             (load_config if validate else compose_only)(overrides)

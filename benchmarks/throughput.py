@@ -178,12 +178,15 @@ def table(results: dict) -> str:
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in rows)
 
 
+def preflight(spec: specs.Spec, opts: Options) -> None:
+    """The anchor script must be there before any run starts (it is not part of the repository)."""
+    if opts.anchor and not Path(opts.anchor).is_file():
+        fix = "give the path of anchor_gpt.py (DEVELOPERS.md: the GPU node's .gpu/) or --anchor ''"
+        raise specs.SpecError(f"spec {spec.name}: option anchor={opts.anchor}: no such file; {fix}")
+
+
 def load_anchor(path: str):
     """anchor_gpt.py as a module (it is a standalone script, not part of lowp)."""
-    if not Path(path).is_file():
-        raise specs.SpecError(
-            f"option anchor={path}: no such file; give the path of anchor_gpt.py or drop it"
-        )
     mod_spec = importlib.util.spec_from_file_location("anchor_gpt", path)
     anchor = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(anchor)
@@ -191,6 +194,7 @@ def load_anchor(path: str):
 
 
 def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
+    preflight(spec, opts)
     anchor = load_anchor(opts.anchor) if opts.anchor else None
     result: dict = {"_meta": specs.meta(spec, opts), "runs": {}}
     for label, overrides in plan(spec, opts).items():

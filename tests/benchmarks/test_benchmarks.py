@@ -209,3 +209,11 @@ def test_fidelity_parts_run_on_the_emulated_backend():
     )
     judged = te_vs_emulated.judge(a, b, [])
     assert judged["train"]["max_pair_diff"] == 0.0
+
+
+def test_a_missing_anchor_script_stops_before_any_run(tmp_path, capsys):
+    argv = ["anchor_1b", "fusedadam_1b", "--out", str(tmp_path)]
+    assert importlib.import_module("benchmarks.__main__").main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "option anchor=.gpu/anchor_gpt.py: no such file" in err
+    assert not list(tmp_path.iterdir())
