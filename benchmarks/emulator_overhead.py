@@ -50,8 +50,9 @@ def make_arm(cfg, device: torch.device):
     """One recipe's step function: a fresh model from seed 0, AdamW, a fixed batch."""
     from harness.backends import build_backend
     from harness.loss import loss_fn
+    from harness.train import backend_spec
 
-    backend = build_backend(cfg, device)
+    backend = build_backend(backend_spec(cfg), device)
     torch.manual_seed(0)
     net = backend.build_model()
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)

@@ -164,26 +164,18 @@ def from_args(args: argparse.Namespace, cls, benchmark: str) -> tuple[Spec, obje
 
 
 def load_config(overrides: list[str]):
-    """A composed, typed, hardware-resolved and validated Config (what harness.train.run trains)."""
-    from omegaconf import OmegaConf
+    """A composed, typed, resolved and validated Config (harness.config.load: what every entry point
+    trains); raises ConfigError."""
+    from harness.config import load
 
-    from harness.config.store import compose
-    from harness.config.validate import validate
-    from harness.hardware import resolve_hardware
-
-    cfg = OmegaConf.to_object(compose(list(overrides)))
-    cfg.hardware = resolve_hardware(cfg.hardware)
-    validate(cfg)
-    return cfg
+    return load(list(overrides))
 
 
 def compose_only(overrides: list[str]):
     """The typed Config without hardware resolution or validation: names and types checked only."""
-    from omegaconf import OmegaConf
+    from harness.config import compose_config
 
-    from harness.config.store import compose
-
-    return OmegaConf.to_object(compose(list(overrides)))
+    return compose_config(list(overrides))
 
 
 def machine_tag() -> str:

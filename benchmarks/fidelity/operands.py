@@ -14,11 +14,9 @@ import torch
 from benchmarks.fidelity.common import Setup, emulated_start
 from benchmarks.fidelity.quantizers import mismatches, valid_region
 from harness.backends.te_weights import load_into_te
-from tests.numerics.references.te_quantize import te_quantize
+from tests.numerics.references.te_quantize import KINDS, te_quantize
 
 FIELDS = ("data_row", "data_col", "sinv_row", "sinv_col")  # the quantizer benchmark's names
-TE_QUANTIZER = {"delayed": "delayed", "tensorwise": "current", "blockwise": "block"}
-"""The TE quantizer class behind each FP8 recipe this part compares (Float8Quantizer, current, block)."""
 
 
 def check_mapping(setup: Setup) -> dict:
@@ -126,10 +124,13 @@ def capture_lowp_qkv_input(em, x) -> dict:
 
 
 def te_kind(recipe, role: str) -> tuple[str, dict]:
-    """The TE quantizer (kind, kwargs) of this recipe config and role (forward roles: E4M3)."""
-    kind = TE_QUANTIZER.get(recipe.name)
-    if kind is None:
-        raise ValueError(f"recipe={recipe.name}: operands compares {sorted(TE_QUANTIZER)} only")
+    """The TE quantizer (kind, kwargs) of this recipe config and role (forward roles: E4M3). The
+    registry's quantizer scheme names TE's quantizer: delayed (Float8Quantizer), current, block."""
+    from harness import recipes
+
+    kind = recipes.get(recipe.name).scheme
+    if kind not in KINDS:
+        raise ValueError(f"recipe={recipe.name}: operands compares the TE quantizers {KINDS} only")
     if kind == "delayed":
         return kind, {"fp8": "e4m3"}
     if kind == "current":
