@@ -132,7 +132,7 @@ _SPECS = (
     RecipeSpec(
         name="delayed",
         summary="FP8 delayed scaling (TE DelayedScaling): scale from a rolling amax history",
-        scheme="delayed",
+        scheme="amax_history",
         delayed_scaling=True,
         margin_applies=True,
         te_check="is_fp8_available",
@@ -277,6 +277,12 @@ def fp8_recipes() -> tuple[str, ...]:
 def quantizing(recipe: RecipeConfig | None) -> RecipeConfig | None:
     """`recipe` if its GEMMs are quantized, else None (BF16 GEMMs: bf16 itself, int4_qat)."""
     return recipe if recipe is not None and get(recipe.name).quantizes_gemms else None
+
+
+def fp4_min_te() -> str | None:
+    """The oldest TE with any FP4 recipe (recipe.fp4 set under any recipe needs it)."""
+    versions = [s.min_te for s in _SPECS if s.fp4_family and s.min_te]
+    return min(versions, key=lambda v: tuple(int(p) for p in v.split("."))) if versions else None
 
 
 def native_on(compute_capability: float) -> list[str]:

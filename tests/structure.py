@@ -121,6 +121,13 @@ def _compares_recipe(node: ast.Compare) -> bool:
     return bool(bf16) and any("recipe" in ast.unparse(s).lower() for s in sides if s not in bf16)
 
 
+def _keyed_by_recipes(node: ast.Dict) -> bool:
+    """A table keyed by recipe names: two or more keys that are recipe names (one alone, such as a
+    checkpoint's "delayed" state, names a thing, not a table of recipes)."""
+    keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+    return sum(k in RECIPE_NAMES for k in keys) >= 2
+
+
 def _rel(path: Path) -> str:
     return path.relative_to(REPO).as_posix()
 
@@ -135,9 +142,7 @@ def recipe_branches() -> list[str]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare) and _compares_recipe(node):
                 hits.append(f"{rel}:{node.lineno}")
-            elif isinstance(node, ast.Dict) and any(
-                isinstance(k, ast.Constant) and k.value in RECIPE_NAMES - {"bf16"} for k in node.keys
-            ):
+            elif isinstance(node, ast.Dict) and _keyed_by_recipes(node):
                 hits.append(f"{rel}:{node.lineno}")
             elif isinstance(node, ast.Match):
                 hits.append(f"{rel}:{node.lineno}")

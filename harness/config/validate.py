@@ -295,16 +295,15 @@ def _te_errors(cfg: Config) -> list[str]:
 
 def _te_version_errors(cfg: Config, spec: recipes.RecipeSpec) -> list[str]:
     """The recipe's oldest TE (any FP4 format needs NVFP4's)."""
-    need = spec.min_te or (recipes.get("nvfp4").min_te if cfg.recipe.fp4 else None)
+    need = spec.min_te or (recipes.fp4_min_te() if cfg.recipe.fp4 else None)
     if need is None:
         return []
     version, source = te_version(cfg)
     if _version_tuple(version) >= _version_tuple(need):
         return []
-    name = cfg.recipe.name if spec.min_te else "nvfp4"
+    what = f"recipe={cfg.recipe.name}" if spec.min_te else f"recipe.fp4={cfg.recipe.fp4}"
     return [
-        f"recipe={name} needs Transformer Engine >= {need} ({source} is {version}): upgrade TE or "
-        "use an FP8 recipe"
+        f"{what} needs Transformer Engine >= {need} ({source} is {version}): upgrade TE or use an FP8 recipe"
     ]
 
 

@@ -190,7 +190,7 @@ def _factory(recipe: RecipeConfig, role: str, **_):
 
 SCHEMES = {  # RecipeSpec.scheme -> builder(recipe, role, scale=, record=, generator=)
     "current": _current,
-    "delayed": _delayed,
+    "amax_history": _delayed,
     "block": _block,
     "mx": _mx,
     "nv": _nv,
