@@ -6,7 +6,9 @@ For each hidden size, at `rows` (TE's tuned kernel where it has one) and `rows -
 kernel), and three input kinds, it compares against TE's own LayerNorm (bf16 in and out): mu bit for
 bit; rsigma for each choice of FMA at M2 += d*d and at rn*M2 + eps; the output computed from TE's mu
 and rsigma with and without an FMA at gamma*y + beta; then the whole output with the best choices,
-and torch's layer_norm for scale. The best FMA sites are printed last (`fma_sites=...`) and stored.
+and torch's layer_norm for scale. The best FMA sites are stored and printed last as
+`LOWP_TE_LN_FMA=...`, the variable harness.numerics.te_layernorm reads (to try them before they are
+settled in its default).
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
     res["whole_out_differ_total"] = sum(per_shape.values())
     specs.write_json(out, res)
     print("totals", json.dumps(totals), "whole", res["whole_out_differ_total"])
-    print("fma_sites=" + ",".join(res["best_fma_sites"]))
+    print("LOWP_TE_LN_FMA=" + ",".join(res["best_fma_sites"]))  # harness.numerics.te_layernorm reads it
     return res
 
 

@@ -22,7 +22,8 @@ not bit-exact.
 
 Covered (`kernel_layout`): the tuned kernels with one CTA per row (bf16 input, hidden 768 to 10240
 but 3840) and the general kernel's one-warp buckets (hidden up to 2048, e.g. gpt_small's 256). On the
-H200 the tuned path matched TE bit for bit at 768, 1024, 2048 and 4096 (scripts/te_layernorm_probe.py).
+H200 the tuned path matched TE bit for bit at 768, 1024, 2048 and 4096
+(benchmarks/fidelity/layernorm_probe.py).
 The general kernel has the same loop bodies; it has not yet been checked on a GPU. Elsewhere
 `kernel_layout` returns None and callers keep torch's layer_norm.
 """
@@ -55,7 +56,7 @@ TUNED_BF16 = {
 GENERAL_BF16 = {128: (4, 1, 8), 512: (4, 1, 16), 1024: (4, 1, 16), 2048: (4, 1, 16)}
 
 # Where NVRTC contracts a multiply and an add into an FMA. "m2": M2 += d * d; "rs": rn * M2 + eps;
-# "out": gamma * y + beta. Settled on the H200 by scripts/te_layernorm_probe.py; the environment
+# "out": gamma * y + beta. Settled on the H200 by benchmarks/fidelity/layernorm_probe.py; the environment
 # variable exists for that probe.
 FMA_SITES = frozenset(os.environ.get("LOWP_TE_LN_FMA", "m2,rs,out").split(",")) - {""}
 

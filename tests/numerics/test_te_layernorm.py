@@ -1,6 +1,6 @@
 """TE's LayerNorm order (harness.numerics.te_layernorm) against a thread-by-thread simulation of the
 kernel in numpy float32, and against torch's layer_norm. Bit-exactness with TE itself is checked on
-the H200 (scripts/te_layernorm_probe.py, tests/test_gpu.py)."""
+the H200 (benchmarks/fidelity/layernorm_probe.py, tests/test_gpu.py)."""
 
 from __future__ import annotations
 
