@@ -6,9 +6,8 @@ For each hidden size, at `rows` (TE's tuned kernel where it has one) and `rows -
 kernel), and three input kinds, it compares against TE's own LayerNorm (bf16 in and out): mu bit for
 bit; rsigma for each choice of FMA at M2 += d*d and at rn*M2 + eps; the output computed from TE's mu
 and rsigma with and without an FMA at gamma*y + beta; then the whole output with the best choices,
-and torch's layer_norm for scale. The best FMA sites are stored and printed last as
-`LOWP_TE_LN_FMA=...`, the variable harness.numerics.te_layernorm reads (to try them before they are
-settled in its default).
+and torch's layer_norm for scale. The best FMA sites are stored and printed last (`fma_sites=...`):
+where they differ from harness.numerics.te_layernorm.FMA_SITES, that default is what to change.
 """
 
 from __future__ import annotations
@@ -134,7 +133,7 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
     res["whole_out_differ_total"] = sum(per_shape.values())
     specs.write_json(out, res)
     print("totals", json.dumps(totals), "whole", res["whole_out_differ_total"])
-    print("LOWP_TE_LN_FMA=" + ",".join(res["best_fma_sites"]))  # harness.numerics.te_layernorm reads it
+    print("fma_sites=" + ",".join(res["best_fma_sites"]))  # te_layernorm.FMA_SITES if they differ from it
     return res
 
 
