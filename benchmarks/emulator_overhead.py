@@ -10,6 +10,7 @@ it may take) mark each row ok or not.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -112,6 +113,7 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
     result = {
         "_meta": {**specs.meta(spec, opts), "threads": torch.get_num_threads()},
         "rows": rows(measure(arms, opts.steps, opts.warmup), dict(opts.targets)),
+        "loadavg_1min_after": os.getloadavg()[0],  # other load on the machine skews wall time most
     }
     specs.write_json(out, result)
     print(f"{opts.model}, micro-batch {opts.batch}, {device}, {torch.get_num_threads()} threads: medians")
