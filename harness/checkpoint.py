@@ -60,8 +60,11 @@ def split(tree, prefix: str = "") -> tuple[dict[str, torch.Tensor], object]:
         if isinstance(obj, torch.Tensor):
             key = path or "_"
             assert key not in tensors, key
-            # DCP writes plain tensors; a subclass (e.g. a quantized tensor) must be made plain by its owner
-            tensors[key] = obj.detach() if type(obj) is torch.Tensor else torch.Tensor(obj.detach())
+            if type(obj) is not torch.Tensor and hasattr(obj, "dequantize"):
+                obj = (
+                    obj.dequantize()
+                )  # TE's quantized weights (fp8_param): stored by value, re-quantized on load
+            tensors[key] = obj.detach()
             return {_TENSOR: key}
         if isinstance(obj, dict):
             if all(isinstance(k, str) and not k.startswith("__") for k in obj):
@@ -247,6 +250,31 @@ def save(run_dir: Path, step: int, tree: dict, keep: int) -> Path:
     for old in candidates(run_dir)[max(1, keep) :]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def key_by_name(sd: dict, names: list[str]) -> dict:
+    """A torch optimizer state_dict with parameter names for its integer ids (optimizer order), so
+    the stored state reads the same on every backend and survives a change of parameter order."""
+    if "state" not in sd:  # a wrapper (CPU offload) holding a torch state_dict under "inner"
+        return {
+            k: key_by_name(v, names) if isinstance(v, dict) and k == "inner" else v for k, v in sd.items()
+        }
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in sd["param_groups"]]
+    return {"state": {names[i]: st for i, st in sd["state"].items()}, "param_groups": groups}
+
+
+def key_by_index(sd: dict, names: list[str]) -> dict:
+    """The inverse of `key_by_name` for this optimizer's parameter order."""
+    if "state" not in sd:
+        return {
+            k: key_by_index(v, names) if isinstance(v, dict) and k == "inner" else v for k, v in sd.items()
+        }
+    index = {n: i for i, n in enumerate(names)}
+    unknown = sorted(set(sd["state"]) - set(index))
+    if unknown:
+        raise CheckpointError(f"optimizer state for parameters this model does not have: {unknown[:3]}")
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]]
+    return {"state": {index[n]: st for n, st in sd["state"].items()}, "param_groups": groups}
 
 
 def verify(path: Path) -> None:
