@@ -207,7 +207,16 @@ class Trainer:
 
     def checkpoint(self, step: int, summary: Summary) -> None:
         t0 = time.perf_counter()
-        path = ckpt.save(self.run_dir, step + 1, self.state_dict(step + 1, summary), self.cfg.checkpoint_keep)
+        try:
+            path = ckpt.save(
+                self.run_dir, step + 1, self.state_dict(step + 1, summary), self.cfg.checkpoint_keep
+            )
+        except OSError as exc:
+            raise ckpt.CheckpointError(
+                f"cannot write checkpoint {step + 1} under {self.run_dir / ckpt.DIRNAME} "
+                f"({exc.strerror or exc}); "
+                "free space or make it writable and restart to resume (the earlier checkpoints are intact)"
+            ) from exc
         log.info("checkpoint %s (%.2fs)", path, time.perf_counter() - t0)
 
     def _due(self, interval: int, step: int) -> bool:
@@ -339,6 +348,11 @@ def _resume_point(cfg: Config, run_dir: Path) -> tuple[Path, int, dict] | None:
             log.warning("resume=never: the earlier files of %s are kept in %s", run_dir, moved)
         return None
     found = ckpt.load_latest(run_dir)
+    if found is None and ckpt.candidates(run_dir):
+        raise ckpt.CheckpointError(
+            f"run dir {run_dir} holds checkpoints but none is usable (see the warnings above); start fresh "
+            "with resume=never (moves them aside) or use a new hydra.run.dir"
+        )
     if found is None:
         if cfg.resume == "must":
             raise ConfigError(

@@ -186,7 +186,14 @@ def make_quantizer(
     if name == "custom":
         from harness.numerics.custom import load_factory
 
-        return load_factory(recipe.quantizer_factory)(role, recipe)
+        quantizer = load_factory(recipe.quantizer_factory)(role, recipe)
+        if not callable(getattr(quantizer, "quantize", None)):
+            raise ValueError(
+                f"recipe.quantizer_factory={recipe.quantizer_factory}: returned {type(quantizer).__name__} "
+                f"for role {role}, which has no quantize(x, columnwise); return a quantizer object "
+                "(e.g. harness.numerics.custom:tensorwise_factory)"
+            )
+        return quantizer
     raise ValueError(f"recipe={name!r} has no quantizer (bf16 is unquantized)")
 
 
