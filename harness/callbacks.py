@@ -36,9 +36,9 @@ class ValidateSweep(Callback):
         from hydra.core.global_hydra import GlobalHydra
         from hydra.types import RunMode
 
+        from harness.config import prepare
         from harness.config.schema import Config
-        from harness.config.validate import ConfigError, check_known_keys, validate
-        from harness.hardware import resolve_hardware
+        from harness.config.validate import ConfigError, check_known_keys
 
         loader = GlobalHydra.instance().config_loader()
         jobs = job_overrides(config)
@@ -51,10 +51,9 @@ class ValidateSweep(Callback):
             try:
                 check_known_keys(plain)
                 cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
-                cfg.hardware = resolve_hardware(cfg.hardware)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # each job prints its own warnings when it runs
-                    validate(cfg)
+                    prepare(cfg)
                 self._check_data(cfg, seen_data)
             except ConfigError as exc:
                 print(f"error: job {i} ({' '.join(overrides)}): {exc}", file=sys.stderr)
