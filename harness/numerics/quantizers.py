@@ -185,7 +185,14 @@ def _int4(recipe: RecipeConfig, role: str, **_) -> Quantizer:
 
 
 def _factory(recipe: RecipeConfig, role: str, **_):
-    return load_factory(recipe.quantizer_factory)(role, recipe)
+    quantizer = load_factory(recipe.quantizer_factory)(role, recipe)
+    if not callable(getattr(quantizer, "quantize", None)):
+        raise ValueError(
+            f"recipe.quantizer_factory={recipe.quantizer_factory}: returned {type(quantizer).__name__} "
+            f"for role {role}, which has no quantize(x, columnwise); return a quantizer object "
+            "(e.g. harness.numerics.custom:tensorwise_factory)"
+        )
+    return quantizer
 
 
 SCHEMES = {  # RecipeSpec.scheme -> builder(recipe, role, scale=, record=, generator=)
