@@ -1,7 +1,7 @@
 """Checkpoint cost: size on disk, write time and resume time for a model shape, as JSON.
 
-    python scripts/bench_checkpoint.py                                    # gpt_small on this machine
-    python scripts/bench_checkpoint.py --name h200_1b experiment=h200_1b  # the 1.4B shape (H200, TE)
+    python -m benchmarks.checkpoint_cost                                    # gpt_small on this machine
+    python -m benchmarks.checkpoint_cost --name h200_1b experiment=h200_1b  # the 1.4B shape (H200, TE)
 
 Builds the run's Trainer, takes `--steps` optimizer steps (so the optimizer's states exist), then
 times `Trainer.checkpoint` (state_dict + DCP write + fsync + manifest + rename), and the resume
@@ -16,14 +16,11 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
+import torch
 
 
 def sync() -> None:
@@ -86,15 +83,17 @@ def bench(overrides: list[str], steps: int, workdir: Path, repeats: int) -> dict
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.checkpoint_cost", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("overrides", nargs="*", default=["model=gpt_small", "backend=emulated"])
     ap.add_argument("--name", default="gpt_small")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dir", default=None, help="where the checkpoint is written (default: a temp dir)")
     ap.add_argument("--out", default=None, help="JSON path (default: $OUT/checkpoint_<name>.json)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="lowp-ckpt-", dir=args.dir))
     try:
         result = bench(args.overrides, args.steps, workdir, args.repeats)
