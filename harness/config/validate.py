@@ -11,6 +11,7 @@ import os
 import warnings
 
 from harness.config import schema
+from harness.config.reference_rules import reference_errors
 from harness.config.schema import Config
 
 
@@ -128,7 +129,10 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
             "set one of them to null"
         )
     if r.name in schema.FP8_RECIPES and not r.fp8:
-        errs.append(f"recipe={r.name} needs recipe.fp8 (e4m3 or hybrid): set recipe.fp8=e4m3")
+        errs.append(
+            f"recipe={r.name} needs recipe.fp8 (e4m3 or hybrid): Megatron given --fp8-recipe without "
+            "--fp8-format silently trains BF16; set recipe.fp8=e4m3"
+        )
     if r.name == "nvfp4" and r.fp4 != "e2m1":
         errs.append("recipe=nvfp4 needs recipe.fp4=e2m1: set recipe.fp4=e2m1")
     if r.name in ("bf16", "int4_qat") and (r.fp8 or r.fp4):
@@ -160,12 +164,15 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
             "layers under delayed scaling; use recipe=tensorwise (or blockwise/mxfp8) or drop the knob"
         )
     if s.first_last_layers_bf16:
-        n_bf16 = s.num_layers_at_start_in_bf16 + s.num_layers_at_end_in_bf16
-        if min(s.num_layers_at_start_in_bf16, s.num_layers_at_end_in_bf16) < 0 or n_bf16 > m.num_layers:
+        start, end = s.num_layers_at_start_in_bf16, s.num_layers_at_end_in_bf16
+        for key, n in (("num_layers_at_start_in_bf16", start), ("num_layers_at_end_in_bf16", end)):
+            if n < 0:
+                errs.append(f"stability.{key}={n}: a layer count, must be >= 0 (0 = none at that end)")
+        if min(start, end) >= 0 and start + end > m.num_layers:
             errs.append(
-                f"stability.num_layers_at_start_in_bf16={s.num_layers_at_start_in_bf16} + "
-                f"num_layers_at_end_in_bf16={s.num_layers_at_end_in_bf16} exceeds model.num_layers="
-                f"{m.num_layers}: lower them so that their sum is at most {m.num_layers}"
+                f"stability.num_layers_at_start_in_bf16={start} + num_layers_at_end_in_bf16={end} "
+                f"exceeds model.num_layers={m.num_layers}: Megatron checks each count alone and would "
+                f"keep every block BF16; lower them so that their sum is at most {m.num_layers}"
             )
     for ov in s.overrides:
         if ov.recipe not in schema.RECIPES:
@@ -187,7 +194,8 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
     if o.optimizer_cpu_offload and r.name in schema.FP8_RECIPES and r.name != "delayed":
         errs.append(
             f"optimizer.optimizer_cpu_offload=true with recipe={r.name}: only delayed scaling supports "
-            "optimizer CPU offload; use recipe=delayed or optimizer.optimizer_cpu_offload=false"
+            "optimizer CPU offload (Megatron refuses it only with --fp8-param-gather and otherwise "
+            "runs it unsupported); use recipe=delayed or optimizer.optimizer_cpu_offload=false"
         )
     if o.optimizer_cpu_offload and r.name == "nvfp4":
         errs.append(
@@ -250,7 +258,8 @@ def _te_errors(cfg: Config) -> list[str]:
     if r.name in ("mxfp8", "nvfp4") and cc is not None and cc < 10.0:
         errs.append(
             f"recipe={r.name} with backend=te on hardware={hw.name} (compute capability {cc}): TE needs "
-            "compute capability >= 10.0 (Blackwell); use backend=emulated or hardware=b200"
+            "compute capability >= 10.0 (Blackwell; Megatron accepts the flags and TE stops at the first "
+            "autocast); use backend=emulated or hardware=b200"
         )
     elif quantized and r.name != "custom" and hw.native_recipes and r.name not in hw.native_recipes:
         errs.append(
@@ -267,7 +276,8 @@ def _te_errors(cfg: Config) -> list[str]:
     if not s.fp8_wgrad and r.name == "delayed":
         errs.append(
             "stability.fp8_wgrad=false with recipe=delayed and backend=te: TE 2.x ignores Megatron's "
-            "--no-fp8-wgrad and forbids its high-precision backward under delayed scaling; use "
+            "--no-fp8-wgrad (Megatron would silently keep the wgrad GEMM in FP8) and forbids its "
+            "high-precision backward under delayed scaling; use "
             "recipe=tensorwise, or backend=emulated (wgrad GEMM only)"
         )
     if quantized:
@@ -355,7 +365,7 @@ def recommendations(cfg: Config) -> list[str]:
 
 def validate(cfg: Config, *, for_export: bool = False) -> list[str]:
     """Raise ConfigError on the first problem; return (and emit) the warnings."""
-    errs = legality_errors(cfg)
+    errs = legality_errors(cfg) + reference_errors(cfg)  # then what Megatron-LM and TE refuse
     if not for_export:
         errs += support_errors(cfg)
     if errs:
