@@ -17,9 +17,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import shlex
+import string
 import sys
 import textwrap
 
+from harness import recipes
 from harness.config.schema import Config, RecipeConfig
 
 Flag = tuple[str, object]  # (flag, value); value None for a store_true flag
@@ -84,19 +86,9 @@ RUN_FLAGS = (
     "--no-gradient-accumulation-fusion",
 )
 
-# Megatron --fp8-recipe values; lowp's names are Megatron's (None: not an FP8 recipe flag).
-_FP8_RECIPE_FLAG = {"delayed": "delayed", "tensorwise": "tensorwise", "blockwise": "blockwise"}
-_FP8_RECIPE_FLAG |= {"mxfp8": "mxfp8", "custom": "custom"}
-_HISTORY_RECIPES = ("delayed",)  # recipes that read --fp8-amax-history-len / --fp8-amax-compute-algo
-_INT4_NOTE = (
-    "# INT4 fake-QAT has no upstream Megatron flag; miles enables it with "
-    "OPEN_TRAINING_INT4_FAKE_QAT_FLAG=1 OPEN_TRAINING_INT4_GROUP_SIZE={int4_group_size} "
-    "(routed MoE experts only there; lowp applies it to every block linear)"
-)
-_RECIPE_NOTES = {"int4_qat": _INT4_NOTE}
-# RecipeConfig fields some Megatron flag or NVTE_* variable carries (the others become comments).
-_EXPRESSED = {"name", "fp8", "fp4", "quantizer_factory", "fp8_amax_history_len", "fp8_amax_compute_algo"}
-_NVTE_FIELDS = {"power_2_scales", "disable_rht", "disable_stochastic_rounding", "disable_2d_quantization"}
+# RecipeConfig fields a Megatron flag carries whatever the recipe (the others become comments).
+_ALWAYS_EXPRESSED = {"name", "fp8", "fp4"}
+_HISTORY_FIELDS = {"fp8_amax_history_len", "fp8_amax_compute_algo"}
 
 
 def _fmt(v) -> str:
@@ -151,49 +143,59 @@ def model_flags(cfg: Config) -> Part:
 def nvte_env(cfg: Config) -> dict[str, str]:
     """NVTE_* variables Megatron's run needs to match the config (TE reads them at import), where
     they differ from TE's default of "0"/unset."""
-    from harness.config.validate import NVTE_FROM_CONFIG, NVTE_RECIPE
-
     r, s = cfg.recipe, cfg.stability
-    env = {var: want(cfg) for var, want in NVTE_FROM_CONFIG.items() if NVTE_RECIPE[var] == r.name}
-    env = {var: v for var, v in env.items() if v != "0"}
-    if not s.fp8_wgrad and (r.fp8 or r.fp4) and r.name not in _HISTORY_RECIPES:
+    spec = recipes.get(r.name)
+    env = {var: v for var, v in spec.nvte_env(r).items() if v != "0"}
+    if not s.fp8_wgrad and spec.quantizes_gemms and spec.te_high_precision_backward_ok:
         # Megatron passes fp8_wgrad only to DelayedScaling; every other TE recipe class takes its
         # backward_override default from this variable, which is what lowp's TE backend sets
         env["NVTE_BACKWARD_OVERRIDE"] = "high_precision"
     return env
 
 
+def _expressed_fields(spec: recipes.RecipeSpec) -> set[str]:
+    """RecipeConfig fields that reach Megatron: as a flag, an NVTE_* variable or the spec's note."""
+    out = set(_ALWAYS_EXPRESSED) | {v.field for v in spec.nvte_vars}
+    if spec.megatron.history_flags:
+        out |= _HISTORY_FIELDS
+    if spec.megatron.quantizer_factory:
+        out.add("quantizer_factory")
+    if spec.megatron.note:
+        out |= {name for _, name, _, _ in string.Formatter().parse(spec.megatron.note) if name}
+    return out
+
+
 def recipe_flags(cfg: Config) -> Part:
-    """Format and recipe flags; comments for the recipe fields Megatron has no flag for."""
+    """Format and recipe flags (from the recipe registry); comments for the fields Megatron lacks."""
     r = cfg.recipe
+    spec, mg = recipes.get(r.name), recipes.get(r.name).megatron
     flags: list[Flag] = [("--bf16", None)]
     notes: list[str] = []
-    fp8_recipe = _FP8_RECIPE_FLAG.get(r.name)
     if r.fp8:
-        flags += [("--fp8-format", r.fp8), ("--fp8-recipe", fp8_recipe)]
-        if r.name in _HISTORY_RECIPES:  # the guide's 1024/max are not Megatron's 1/most_recent
+        flags += [("--fp8-format", r.fp8), ("--fp8-recipe", mg.fp8_recipe)]
+        if mg.history_flags:  # the guide's 1024/max are not Megatron's 1/most_recent
             flags += [
                 ("--fp8-amax-history-len", r.fp8_amax_history_len),
                 ("--fp8-amax-compute-algo", r.fp8_amax_compute_algo),
             ]
-        if r.quantizer_factory and fp8_recipe == "custom":
+        if mg.quantizer_factory and r.quantizer_factory:
             flags.append(("--fp8-quantizer-factory", _dotted(r.quantizer_factory)))
     if r.fp4:
         flags.append(("--fp4-format", r.fp4))
-        if r.quantizer_factory and fp8_recipe == "custom":
-            flags += [("--fp4-recipe", "custom"), ("--fp4-quantizer-factory", _dotted(r.quantizer_factory))]
-    if r.name in _RECIPE_NOTES:
-        notes.append(_RECIPE_NOTES[r.name].format(**dataclasses.asdict(r)))
+        if mg.fp4_recipe:
+            flags.append(("--fp4-recipe", mg.fp4_recipe))
+        if mg.quantizer_factory and r.quantizer_factory:
+            flags.append(("--fp4-quantizer-factory", _dotted(r.quantizer_factory)))
+    if mg.note:
+        notes.append(mg.note.format(**dataclasses.asdict(r)))
     notes += [f"# requires env {var}={v} (no Megatron flag)" for var, v in nvte_env(cfg).items()]
-    default = RecipeConfig()
+    default, expressed = RecipeConfig(), _expressed_fields(spec)
     for f in dataclasses.fields(RecipeConfig):
         value, base = getattr(r, f.name), getattr(default, f.name)
-        if f.name in _EXPRESSED or f.name in _NVTE_FIELDS or f.name == "int4_group_size":
-            continue
-        if value != base:
+        if f.name not in expressed and value != base:
             notes.append(
-                f"# recipe.{f.name}={value!r} has no Megatron flag: Megatron builds the TE recipe "
-                f"with TE's default {base!r}"
+                f"# recipe.{f.name}={value!r} has no Megatron flag for recipe={r.name}: Megatron builds "
+                f"the TE recipe with TE's default {base!r}"
             )
     return flags, notes
 
@@ -240,14 +242,14 @@ def optimizer_flags(cfg: Config) -> Part:
         flags.append(("--optimizer-cpu-offload", None))
     if o.use_precision_aware_optimizer:
         flags.append(("--use-precision-aware-optimizer", None))
-        for flag, v in (
-            ("--main-grads-dtype", o.main_grads_dtype),
-            ("--main-params-dtype", o.main_params_dtype),
-            ("--exp-avg-dtype", o.exp_avg_dtype),
-            ("--exp-avg-sq-dtype", o.exp_avg_sq_dtype),
-        ):
-            if v != MEGATRON_DEFAULTS[flag]:
-                flags.append((flag, v))
+    for flag, v in (  # printed with or without the precision-aware optimizer: never dropped
+        ("--main-grads-dtype", o.main_grads_dtype),
+        ("--main-params-dtype", o.main_params_dtype),
+        ("--exp-avg-dtype", o.exp_avg_dtype),
+        ("--exp-avg-sq-dtype", o.exp_avg_sq_dtype),
+    ):
+        if v != MEGATRON_DEFAULTS[flag]:
+            flags.append((flag, v))
     if not o.master_weights:
         notes.append(
             "# optimizer.master_weights=false (bf16 params updated in place, no fp32 master copy) has "
@@ -400,11 +402,8 @@ def _pop_format(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from omegaconf import OmegaConf
-
-    from harness.config.store import compose
-    from harness.config.validate import ConfigError, validate
-    from harness.hardware import resolve_hardware
+    from harness.config import load
+    from harness.config.validate import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -412,18 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         fmt = _pop_format(argv)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    cfg: Config = OmegaConf.to_object(compose(argv))
-    cfg.hardware = resolve_hardware(cfg.hardware)
-    try:
-        validate(cfg, for_export=True)
+        cfg = load(argv, for_export=True)
         if cfg.seed < 0:
             raise ConfigError(
                 f"seed={cfg.seed}: Megatron needs --seed >= 1 and lowp exports seed N as N+1; use seed >= 0"
             )
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(render(cfg, fmt))

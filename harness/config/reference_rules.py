@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from harness import recipes
 from harness.config.schema import Config
 
 
@@ -39,7 +40,8 @@ def _cpu_offload_needs_precision_aware(cfg: Config) -> str | None:
 
 def _cpu_offload_fp8_param_needs_delayed(cfg: Config) -> str | None:
     o, r = cfg.optimizer, cfg.recipe
-    if o.optimizer_cpu_offload and o.fp8_param and r.fp8 and r.name != "delayed":
+    delayed = recipes.get(r.name).delayed_scaling  # what Megatron's --fp8-recipe delayed builds
+    if o.optimizer_cpu_offload and o.fp8_param and r.fp8 and not delayed:
         return (
             f"optimizer.optimizer_cpu_offload=true with optimizer.fp8_param=true and recipe={r.name}: "
             "Megatron refuses --optimizer-cpu-offload with --fp8-param-gather unless --fp8-recipe "
@@ -120,7 +122,7 @@ _BLOCK_GEMMS = (
 
 def _blockwise_no_2d_by_2d(cfg: Config) -> str | None:
     r = cfg.recipe
-    if r.name != "blockwise":
+    if recipes.get(r.name).te_recipe_class != "Float8BlockScaling":  # the block dims bind only it
         return None
     for gemm, a, b in _BLOCK_GEMMS:
         if getattr(r, a) == 2 and getattr(r, b) == 2:

@@ -117,8 +117,10 @@ def _composed(preset: str | None) -> Config:
 def _recipe(name: str) -> RecipeConfig:
     from omegaconf import OmegaConf
 
+    from harness import recipes
+
     fields = _yaml("recipe", name)
-    if name == "custom":  # the shipped preset leaves the factory to the user (???)
+    if recipes.get(name).needs_factory:  # the shipped preset leaves the factory to the user (???)
         fields["quantizer_factory"] = EXAMPLE_FACTORY
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RecipeConfig), fields))
 

@@ -108,12 +108,13 @@ def test_gpt_trains_with_the_te_order_norm(monkeypatch):
     forward values come from te_layer_norm and gradients from torch's layer_norm."""
     import harness.model as model_mod
     from harness.backends import build_backend
+    from harness.train import backend_spec
     from tests.helpers import compose_cfg
 
     overrides = ("model=gpt_tiny", "model.hidden_size=768", "model.ffn_hidden_size=1536")
     cfg = compose_cfg(*overrides)
     torch.manual_seed(0)
-    gpt = build_backend(cfg, torch.device("cpu")).build_model()
+    gpt = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
     x = torch.randint(0, cfg.model.vocab_size, (2, 16))
     ref = gpt(x).float()
     import harness.numerics.te_layernorm as te_ln
