@@ -132,21 +132,36 @@ def child_main() -> None:
     sys.stdout.write("\n" + json.dumps(verdicts) + "\n")
 
 
-def megatron_verdicts(items: list, megatron: Path, python: str) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(megatron), str(REPO)])}
+def megatron_verdicts(items: list, megatron: Path, python: str, jobs: int) -> list[dict]:
+    """Verdicts in `jobs` child processes side by side (each imports Megatron once)."""
+    paths = [str(megatron), str(REPO), os.environ.get("PYTHONPATH", "")]  # keep e.g. TE's site dir
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     env.setdefault("RANK", "0")
     env.setdefault("WORLD_SIZE", "1")
-    res = subprocess.run(
-        [python, "-m", "benchmarks.megatron_lm", "_child"],
-        input=json.dumps(items),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
-    if res.returncode != 0:
-        raise RuntimeError(f"Megatron child failed ({res.returncode}):\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    chunks = [items[i::jobs] for i in range(jobs)]
+    procs = [
+        subprocess.Popen(
+            [python, "-m", "benchmarks.megatron_lm", "_child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        for _ in chunks
+    ]
+    outs = [p.communicate(json.dumps(c)) for p, c in zip(procs, chunks, strict=True)]
+    results: list[list[dict]] = []
+    for p, (out, err) in zip(procs, outs, strict=True):
+        if p.returncode != 0:
+            raise RuntimeError(f"Megatron child failed ({p.returncode}):\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    verdicts: list[dict] = [{}] * len(items)
+    for j, chunk_result in enumerate(results):  # undo the round-robin split
+        for k, v in enumerate(chunk_result):
+            verdicts[j + k * jobs] = v
+    return verdicts
 
 
 def check(args) -> dict:
@@ -155,7 +170,9 @@ def check(args) -> dict:
     key = lambda c: json.dumps([c["argv"], c["fields"]])  # noqa: E731
     distinct = sorted({key(c) for c in cases})
     items = [json.loads(k) for k in distinct]
-    verdicts = dict(zip(distinct, megatron_verdicts(items, args.megatron, args.python), strict=True))
+    verdicts = dict(
+        zip(distinct, megatron_verdicts(items, args.megatron, args.python, max(1, args.jobs)), strict=True)
+    )
     accepts_refused, stricter = [], []
     for c in cases:
         v = verdicts[key(c)]
@@ -196,13 +213,15 @@ def check(args) -> dict:
 # ----------------------------------------------------------------------------------------------
 # pretrain: the printed command on the GPU, beside lowp at the same config
 
+LOG_EVERY = 5  # Megatron logs the mean over each interval; the first one is the warm-up
 _ITER_MS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+)")
 
 
-def megatron_step_ms(log: str) -> dict:
-    """Megatron's per-interval mean iteration times; the first interval (warm-up) left out."""
+def megatron_step_ms(log: str, warm_iters: int) -> dict:
+    """Megatron's per-interval mean iteration times, and their median over the intervals that
+    start after `warm_iters` (warm-up and the first iteration's compile/allocation left out)."""
     rows = [(int(i), float(ms)) for i, ms in _ITER_MS.findall(log)]
-    steady = [ms for _, ms in rows[1:]]
+    steady = [ms for it, ms in rows if it > warm_iters]
     return {"intervals": rows, "step_ms": statistics.median(steady) if steady else None}
 
 
@@ -222,7 +241,13 @@ def _run(cmd, out_log: Path, timeout: int, env=None, shell=False) -> tuple[int, 
 
 def pretrain(args) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
-    overrides_of = lambda r: ["experiment=h200_1b", f"recipe={r}", f"steps={args.iters}", "log_interval=5"]  # noqa: E731
+    overrides_of = lambda r: [  # noqa: E731
+        "experiment=h200_1b",
+        f"recipe={r}",
+        f"steps={args.iters}",
+        f"log_interval={LOG_EVERY}",
+        f"bench_warmup_steps={LOG_EVERY}",  # lowp's median leaves out the same warm-up as Megatron's
+    ]
     report: dict = {"iters": args.iters, "recipes": {}}
     for recipe in args.recipes.split(","):
         entry: dict = {"overrides": overrides_of(recipe)}
@@ -238,11 +263,17 @@ def pretrain(args) -> dict:
             entry["error"] = export.stderr.strip()
             continue
         env = {**os.environ, "MEGATRON_LM": str(args.megatron.resolve())}
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # torchrun
         env["PYTHONPATH"] = os.pathsep.join([str(args.megatron.resolve()), env.get("PYTHONPATH", "")])
         rc, log, wall = _run(
             ["bash", "-c", export.stdout], args.out / f"megatron_{recipe}.log", args.timeout, env
         )
-        entry["megatron"] = {"rc": rc, "wall_s": wall, **megatron_step_ms(log), "tail": log[-1500:]}
+        entry["megatron"] = {
+            "rc": rc,
+            "wall_s": wall,
+            **megatron_step_ms(log, LOG_EVERY),
+            "tail": log[-1500:],
+        }
         run_dir = args.out / f"lowp_{recipe}"
         cmd = [sys.executable, "-m", "harness.train", *overrides_of(recipe), f"hydra.run.dir={run_dir}"]
         rc, log, wall = _run(cmd, args.out / f"lowp_{recipe}.log", args.timeout)
@@ -269,6 +300,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     c = sub.add_parser("check", help="lowp's decisions against Megatron-LM's argument checks")
     c.add_argument("--python", default=sys.executable, help="interpreter that imports Megatron-LM")
     c.add_argument("--limit", type=int, default=None, help="only the first N sweep cases")
+    c.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="Megatron child processes")
     t = sub.add_parser("pretrain", help="run the exported pretrain_gpt.py line beside lowp")
     t.add_argument("--recipes", default="bf16,tensorwise")
     t.add_argument("--iters", type=int, default=20)

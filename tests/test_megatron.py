@@ -347,3 +347,21 @@ def test_sweep_covers_every_preset_rule_and_outcome(sweep):
     fired = {rule.name for rule in RULES for _, cfg, _, _ in sweep if rule.check(cfg)}
     assert fired == {rule.name for rule in RULES}
     assert any(v for _, _, refused, v in sweep if refused)  # the table itself refuses something
+
+
+def test_megatron_lm_benchmark_help_and_log_parsing():
+    res = run_cli(["-m", "benchmarks.megatron_lm", "--help"])
+    assert res.returncode == 0 and "check" in res.stdout and "pretrain" in res.stdout
+    res = run_cli(["-m", "benchmarks.megatron_lm", "check", "--megatron", "/nonexistent", "--out", "/tmp/x"])
+    assert res.returncode == 2 and "no megatron/training/arguments.py" in res.stderr
+    from benchmarks.megatron_lm import megatron_step_ms
+
+    line = (
+        " [2026-12-01 11:00:00.000000] iteration {:8d}/{:8d} | consumed samples: {:12d} | "
+        "elapsed time per iteration (ms): {:.1f} | learning rate: 3.0E-03 |"
+    )
+    log = "\n".join(
+        line.format(i, 20, 8 * i, ms) for i, ms in ((5, 900.0), (10, 410.5), (15, 400.0), (20, 405.0))
+    )
+    got = megatron_step_ms(log, warm_iters=5)
+    assert got["intervals"][0] == (5, 900.0) and got["step_ms"] == 405.0
