@@ -23,19 +23,20 @@ import torch.nn.functional as F
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
 from harness.backends.hooks import make_hook
-from harness.model import GPT
+from harness.model import GPT, LayerNorm, bf16_values, norm
 from harness.numerics import NumericsContext, QuantizedLinear
 from harness.numerics.formats import E4M3, cast_fp8
-from harness.recipes import RecipeSpec
+from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm
 
 BF16 = torch.bfloat16
 
 
-def fused_casts(name: str, recipe: RecipeSpec, activation: str) -> dict[str, bool]:
-    """QuantizedLinear's fused-cast flags for the linear `name` (e.g. blocks.0.mlp.fc1): where TE
-    casts an operand inside the kernel that makes it (RecipeSpec.fused_casts says where and why)."""
+def fused_casts(name: str, recipe: str, activation: str) -> dict[str, bool]:
+    """QuantizedLinear's fused-cast flags for the linear `name` (e.g. blocks.0.mlp.fc1) under the
+    recipe named `recipe`: where TE casts an operand inside the kernel that makes it
+    (RecipeSpec.fused_casts says where and why)."""
     leaf = name.rsplit(".", 1)[-1]
-    fused = recipe.fused_casts
+    fused = recipes.get(recipe).fused_casts
     fused_in = leaf in fused.get("input", ())
     fused_grad = activation == "gelu" and leaf in fused.get("grad", ())
     # fc1's output feeds the activation: keep it fp32 when the activation's cast or backward is fused
@@ -168,6 +169,48 @@ class Activation(nn.Module):
         return self.kind + (", fp8_input_store" if self.fp8_input_store else "")
 
 
+class _TEOrderLayerNorm(torch.autograd.Function):
+    """Forward: TE's kernel order (harness.numerics.te_layernorm); backward: torch's layer_norm's."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, eps, fma):
+        ctx.save_for_backward(x, w, b)
+        ctx.eps = eps
+        return te_layer_norm(x, w, b, eps, fma)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w, b = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(need) for t, need in zip((x, w, b), ctx.needs_input_grad)]
+            y = F.layer_norm(leaves[0], x.shape[-1:], leaves[1], leaves[2], ctx.eps)
+            wanted = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(y, wanted, gy) if wanted else ())
+        return *(next(grads) if t.requires_grad else None for t in leaves), None, None
+
+
+class TEOrderLayerNorm(LayerNorm):
+    """The model's LayerNorm (fp32 from bf16 values); on CUDA, where harness.numerics.te_layernorm
+    covers TE's kernel for the shape, the forward reduces in that kernel's order, so that its output
+    is TE's to the bit; elsewhere torch's layer_norm. `fma`: where that kernel fuses multiply-adds
+    (te_layernorm.FMA_SITES, settled on the H200)."""
+
+    fma = FMA_SITES
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None and te_order_norm(x):
+            w, b = bf16_values(self.weight), bf16_values(self.bias)
+            return _TEOrderLayerNorm.apply(x, w, b, self.eps, self.fma)
+        return super().forward(x)
+
+
+def te_order_norm(x: torch.Tensor) -> bool:
+    """Whether LayerNorm follows TE's kernel order: fp32 CUDA tensors of a shape te_layernorm covers."""
+    if not (x.is_cuda and x.dtype == torch.float32 and x.numel()):
+        return False
+    return kernel_layout(x.shape[-1], x.numel() // x.shape[-1]) is not None
+
+
 class EmulatedOps:
     def __init__(self, backend: EmulatedBackend):
         self.backend = backend
@@ -180,6 +223,9 @@ class EmulatedOps:
 
     def activation(self, name: str, kind: str) -> nn.Module:
         return Activation(name, kind, self.backend.spec.optimizer.activation_func_fp8_input_store)
+
+    def norm(self, name: str, cfg) -> nn.Module:
+        return norm(cfg, TEOrderLayerNorm)
 
 
 class EmulatedBackend(Backend):
@@ -213,7 +259,7 @@ class EmulatedBackend(Backend):
                 fp8_wgrad=stab.fp8_wgrad,
                 margin=stab.fp8_margin,
                 wgrad_fp32=self.wgrad_fp32(name),
-                **fused_casts(name, spec, self.spec.model.activation),
+                **fused_casts(name, recipe.name, self.spec.model.activation),
             )
         self.modules[name] = quant
         return quant

@@ -20,7 +20,7 @@ from harness.backends.base import Backend, BackendSpec
 from harness.backends.te_env import set_nvte_env
 from harness.backends.te_recipe import build_te_recipe
 from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
-from harness.model import GPT
+from harness.model import GPT, norm
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 # te.TransformerLayer's GEMM weights (fuse_qkv_params=True), the ones INT4 QAT fake-quantizes
@@ -79,6 +79,10 @@ class TEOps:
 
     def activation(self, name: str, kind: str) -> nn.Module:
         raise AssertionError("TE blocks own their activation")
+
+    def norm(self, name: str, cfg: ModelConfig) -> nn.Module:
+        assert name == "ln_f", name  # TE blocks own theirs; the final norm is the model's
+        return norm(cfg)
 
 
 class TEGPT(GPT):
