@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from harness.megatron import MEGATRON_DEFAULTS, RUN_FLAGS, SHAPE_FLAGS, megatron_args, render
+from harness.megatron import MEGATRON_DEFAULTS, RUN_FLAGS, SHAPE_FLAGS, main, megatron_args, render
 from tests.helpers import compose_cfg, run_cli
 
 # The guide's Configuration Cookbook (Megatron Core Low-Precision Training Guide), verbatim.
@@ -158,9 +158,10 @@ def test_seed_is_mapped_to_a_valid_megatron_seed_and_said(seed, megatron_seed):
     assert f"seed={seed} -> --seed {megatron_seed}" in comments(cfg)
 
 
-def test_negative_seed_is_refused_by_the_export():
-    res = run_cli(["-m", "harness.megatron", "seed=-3"])
-    assert res.returncode == 2 and res.stderr.startswith("error: seed=-3") and "seed >= 0" in res.stderr
+def test_negative_seed_is_refused_by_the_export(capsys):
+    assert main(["seed=-3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: seed=-3") and "seed >= 0" in err
 
 
 def test_data_flags_for_each_source():
@@ -245,11 +246,12 @@ def test_format_args_is_the_bare_flag_list():
     assert shlex.split(" ".join(flags)) == megatron_args(compose_cfg("recipe=tensorwise"))[0]
 
 
-def test_cli_format_flag():
-    res = run_cli(["-m", "harness.megatron", "recipe=tensorwise", "--format", "args"])
-    assert res.returncode == 0 and res.stdout.splitlines()[-1].startswith("--")
-    res = run_cli(["-m", "harness.megatron", "--format=yaml"])
-    assert res.returncode == 2 and "--format yaml" in res.stderr and "'sh'" in res.stderr
+def test_cli_format_flag(capsys):
+    assert main(["recipe=tensorwise", "--format", "args"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("--")
+    assert main(["--format=yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "--format yaml" in err and "'sh'" in err
 
 
 # ----------------------------------------------------------------------------------------------
