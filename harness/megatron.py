@@ -1,19 +1,31 @@
-"""Print the Megatron-LM flags equivalent to a composed lowp config.
+"""Print the Megatron-LM command equivalent to a composed lowp config.
 
-    python -m harness.megatron experiment=hopper_fp8 [more overrides]
+    python -m harness.megatron experiment=hopper_fp8 [more overrides] [--format sh|args]
 
-Field names are Megatron's, so the mapping is rename-free. Recipe flags are printed as the guide
-writes them; model shape always; other values only where lowp's differ from Megatron's argparse
-defaults (delayed scaling's history flags always, since the guide's 1024/max are not Megatron's
-1/most_recent). What Megatron cannot express (module overrides, INT4 QAT, NVTE_* variables) is
-printed as `#` comment lines, never silently dropped.
+`--format sh` (the default) prints a runnable `torchrun ... pretrain_gpt.py` line (set MEGATRON_LM to
+a Megatron-LM checkout); `--format args` the bare flags, one per line. Both start with `#` lines for
+everything lowp knows that Megatron cannot express: nothing is dropped silently. Field names are
+Megatron's, so the mapping is rename-free. Recipe flags are printed as the guide writes them, the
+model shape and the run control (iterations, batch, eval, seed, data, dropout 0) always, other
+values only where lowp's differ from Megatron's argparse defaults. Floats print as `repr`, so they
+round-trip exactly. The config is validated first, with the rules Megatron-LM and TE enforce
+(docs/validation_rules.md); a refused config exits with code 2.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import shlex
+import string
 import sys
+import textwrap
 
-from harness.config.schema import Config
+from harness import recipes
+from harness.config.schema import Config, RecipeConfig
+
+Flag = tuple[str, object]  # (flag, value); value None for a store_true flag
+Part = tuple[list[Flag], list[str]]  # (flags, `#` comment lines)
 
 # Megatron-LM argparse defaults for the values lowp prints only when they differ.
 MEGATRON_DEFAULTS = {
@@ -26,7 +38,6 @@ MEGATRON_DEFAULTS = {
     "--clip-grad": 1.0,
     "--lr-warmup-iters": 0,
     "--lr-decay-style": "linear",
-    "--seed": 1234,
     "--fp8-margin": 0,
     "--num-layers-at-start-in-bf16": 1,
     "--num-layers-at-end-in-bf16": 1,
@@ -34,7 +45,10 @@ MEGATRON_DEFAULTS = {
     "--main-params-dtype": "fp32",
     "--exp-avg-dtype": "fp32",
     "--exp-avg-sq-dtype": "fp32",
+    "--init-method-std": 0.02,
+    "--norm-epsilon": 1e-5,
 }
+MEGATRON_VOCAB_MULTIPLE = 128  # --make-vocab-size-divisible-by's default: Megatron pads the vocab
 
 SHAPE_FLAGS = (
     "--num-layers",
@@ -44,23 +58,54 @@ SHAPE_FLAGS = (
     "--seq-length",
     "--max-position-embeddings",
     "--vocab-size",
+    "--make-vocab-size-divisible-by",
     "--normalization",
     "--swiglu",
     "--position-embedding-type",
     "--untie-embeddings-and-output-weights",
     "--disable-bias-linear",
+    "--init-method-std",
+    "--norm-epsilon",
+    "--attention-dropout",
+    "--hidden-dropout",
 )
+RUN_FLAGS = (
+    "--train-iters",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--eval-interval",
+    "--eval-iters",
+    "--log-interval",
+    "--seed",
+    "--mock-data",
+    "--data-path",
+    "--train-data-path",
+    "--valid-data-path",
+    "--split",
+    "--tokenizer-type",
+    "--no-gradient-accumulation-fusion",
+)
+
+# RecipeConfig fields a Megatron flag carries whatever the recipe (the others become comments).
+_ALWAYS_EXPRESSED = {"name", "fp8", "fp4"}
+_HISTORY_FIELDS = {"fp8_amax_history_len", "fp8_amax_compute_algo"}
 
 
 def _fmt(v) -> str:
+    """A flag value as Megatron's argparse reads it back; floats as repr (exact round trip)."""
     if isinstance(v, float):
-        return f"{v:g}"
+        return repr(v)
     return str(v)
 
 
-def model_flags(cfg: Config) -> list[tuple[str, object]]:
+def _dotted(factory: str) -> str:
+    """lowp's `module:function` as the `pkg.mod.func` path Megatron's factory resolver imports."""
+    return factory.replace(":", ".")
+
+
+def model_flags(cfg: Config) -> Part:
     m = cfg.model
-    flags: list[tuple[str, object]] = [
+    flags: list[Flag] = [
         ("--num-layers", m.num_layers),
         ("--hidden-size", m.hidden_size),
         ("--num-attention-heads", m.num_attention_heads),
@@ -69,7 +114,13 @@ def model_flags(cfg: Config) -> list[tuple[str, object]]:
         ("--max-position-embeddings", m.seq_length),
         ("--vocab-size", m.vocab_size),
         ("--untie-embeddings-and-output-weights", None),
+        # lowp's model has no dropout; Megatron's default is 0.1 for both
+        ("--attention-dropout", 0.0),
+        ("--hidden-dropout", 0.0),
     ]
+    notes = []
+    if m.vocab_size % MEGATRON_VOCAB_MULTIPLE:  # else Megatron pads the embedding: another model
+        flags.append(("--make-vocab-size-divisible-by", 1))
     if m.normalization != "LayerNorm":
         flags.append(("--normalization", m.normalization))
     if m.activation == "swiglu":
@@ -78,53 +129,89 @@ def model_flags(cfg: Config) -> list[tuple[str, object]]:
         flags.append(("--position-embedding-type", "rope"))
     if not m.add_bias_linear:
         flags.append(("--disable-bias-linear", None))
-    return flags
+    for flag, v in (("--init-method-std", m.init_method_std), ("--norm-epsilon", m.layernorm_epsilon)):
+        if v != MEGATRON_DEFAULTS[flag]:
+            flags.append((flag, v))
+    if m.lm_head_loss_chunks:
+        notes.append(
+            f"# model.lm_head_loss_chunks={m.lm_head_loss_chunks} has no Megatron flag: Megatron "
+            "makes the whole logits (--cross-entropy-loss-fusion fuses the loss kernel only)"
+        )
+    return flags, notes
 
 
-def recipe_flags(cfg: Config) -> tuple[list[tuple[str, object]], list[str]]:
-    """(flags, comment lines) for precision, stability and the optimizer's memory knobs."""
-    r, s, o = cfg.recipe, cfg.stability, cfg.optimizer
-    flags: list[tuple[str, object]] = [("--bf16", None)]
+def nvte_env(cfg: Config) -> dict[str, str]:
+    """NVTE_* variables Megatron's run needs to match the config (TE reads them at import), where
+    they differ from TE's default of "0"/unset."""
+    r, s = cfg.recipe, cfg.stability
+    spec = recipes.get(r.name)
+    env = {var: v for var, v in spec.nvte_env(r).items() if v != "0"}
+    if not s.fp8_wgrad and spec.quantizes_gemms and spec.te_high_precision_backward_ok:
+        # Megatron passes fp8_wgrad only to DelayedScaling; every other TE recipe class takes its
+        # backward_override default from this variable, which is what lowp's TE backend sets
+        env["NVTE_BACKWARD_OVERRIDE"] = "high_precision"
+    return env
+
+
+def _expressed_fields(spec: recipes.RecipeSpec) -> set[str]:
+    """RecipeConfig fields that reach Megatron: as a flag, an NVTE_* variable or the spec's note."""
+    out = set(_ALWAYS_EXPRESSED) | {v.field for v in spec.nvte_vars}
+    if spec.megatron.history_flags:
+        out |= _HISTORY_FIELDS
+    if spec.megatron.quantizer_factory:
+        out.add("quantizer_factory")
+    if spec.megatron.note:
+        out |= {name for _, name, _, _ in string.Formatter().parse(spec.megatron.note) if name}
+    return out
+
+
+def recipe_flags(cfg: Config) -> Part:
+    """Format and recipe flags (from the recipe registry); comments for the fields Megatron lacks."""
+    r = cfg.recipe
+    spec, mg = recipes.get(r.name), recipes.get(r.name).megatron
+    flags: list[Flag] = [("--bf16", None)]
     notes: list[str] = []
     if r.fp8:
-        flags += [("--fp8-format", r.fp8), ("--fp8-recipe", r.name)]
-        if r.name == "delayed":
+        flags += [("--fp8-format", r.fp8), ("--fp8-recipe", mg.fp8_recipe)]
+        if mg.history_flags:  # the guide's 1024/max are not Megatron's 1/most_recent
             flags += [
                 ("--fp8-amax-history-len", r.fp8_amax_history_len),
                 ("--fp8-amax-compute-algo", r.fp8_amax_compute_algo),
             ]
-        if r.name == "custom":
-            flags.append(("--fp8-quantizer-factory", r.quantizer_factory))
+        if mg.quantizer_factory and r.quantizer_factory:
+            flags.append(("--fp8-quantizer-factory", _dotted(r.quantizer_factory)))
     if r.fp4:
         flags.append(("--fp4-format", r.fp4))
-        if r.name == "custom":
-            flags += [("--fp4-recipe", "custom"), ("--fp4-quantizer-factory", r.quantizer_factory)]
-    if r.name == "int4_qat":
-        notes.append(
-            "# INT4 fake-QAT has no upstream Megatron flag; miles enables it with "
-            f"OPEN_TRAINING_INT4_FAKE_QAT_FLAG=1 OPEN_TRAINING_INT4_GROUP_SIZE={r.int4_group_size} "
-            "(routed MoE experts only there; lowp applies it to every block linear)"
-        )
-    if r.name == "tensorwise" and r.power_2_scales:
-        notes.append("# requires env NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES=1 (no Megatron flag)")
-    if r.name == "blockwise" and not r.power_2_scales:
-        notes.append("# requires env NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 (no Megatron flag)")
-    for field, var in (
-        ("disable_rht", "RHT"),
-        ("disable_stochastic_rounding", "STOCHASTIC_ROUNDING"),
-        ("disable_2d_quantization", "2D_QUANTIZATION"),
-    ):
-        if r.name == "nvfp4" and getattr(r, field):
-            notes.append(f"# requires env NVTE_NVFP4_DISABLE_{var}=1 (no Megatron flag)")
+        if mg.fp4_recipe:
+            flags.append(("--fp4-recipe", mg.fp4_recipe))
+        if mg.quantizer_factory and r.quantizer_factory:
+            flags.append(("--fp4-quantizer-factory", _dotted(r.quantizer_factory)))
+    if mg.note:
+        notes.append(mg.note.format(**dataclasses.asdict(r)))
+    notes += [f"# requires env {var}={v} (no Megatron flag)" for var, v in nvte_env(cfg).items()]
+    default, expressed = RecipeConfig(), _expressed_fields(spec)
+    for f in dataclasses.fields(RecipeConfig):
+        value, base = getattr(r, f.name), getattr(default, f.name)
+        if f.name not in expressed and value != base:
+            notes.append(
+                f"# recipe.{f.name}={value!r} has no Megatron flag for recipe={r.name}: Megatron builds "
+                f"the TE recipe with TE's default {base!r}"
+            )
+    return flags, notes
 
+
+def stability_flags(cfg: Config) -> Part:
+    s = cfg.stability
+    flags: list[Flag] = []
+    notes: list[str] = []
     if s.fp8_margin != MEGATRON_DEFAULTS["--fp8-margin"]:
         flags.append(("--fp8-margin", s.fp8_margin))
     if not s.fp8_wgrad:
         flags.append(("--no-fp8-wgrad", None))
         notes.append(
             "# warning: TE 2.x silently ignores --no-fp8-wgrad (DelayedScaling drops "
-            "override_linear_precision); the wgrad GEMM stays FP8 unless NVTE_BACKWARD_OVERRIDE="
-            "high_precision (not allowed with delayed scaling)"
+            "override_linear_precision, and Megatron passes it to no other recipe); the wgrad GEMM "
+            "stays FP8 unless NVTE_BACKWARD_OVERRIDE=high_precision (not allowed with delayed scaling)"
         )
     if s.first_last_layers_bf16:
         flags.append(("--first-last-layers-bf16", None))
@@ -137,9 +224,16 @@ def recipe_flags(cfg: Config) -> tuple[list[tuple[str, object]], list[str]]:
     if s.overrides:
         pats = ", ".join(f"{ov.pattern}->{ov.recipe}" for ov in s.overrides)
         notes.append(f"# per-module overrides ({pats}) need --te-precision-config-file in Megatron")
+    return flags, notes
 
+
+def optimizer_flags(cfg: Config) -> Part:
+    """The optimizer's memory knobs (precision-aware optimizer, quantized params, offload)."""
+    o = cfg.optimizer
+    flags: list[Flag] = []
+    notes: list[str] = []
     if o.fp8_param:
-        flags.append(("--fp4-param-gather" if r.fp4 else "--fp8-param-gather", None))
+        flags.append(("--fp4-param-gather" if cfg.recipe.fp4 else "--fp8-param-gather", None))
     if o.reuse_grad_buf_for_mxfp8_param_ag:
         flags.append(("--reuse-grad-buf-for-mxfp8-param-ag", None))
     if o.use_distributed_optimizer:
@@ -148,21 +242,30 @@ def recipe_flags(cfg: Config) -> tuple[list[tuple[str, object]], list[str]]:
         flags.append(("--optimizer-cpu-offload", None))
     if o.use_precision_aware_optimizer:
         flags.append(("--use-precision-aware-optimizer", None))
-        for flag, v in (
-            ("--main-grads-dtype", o.main_grads_dtype),
-            ("--main-params-dtype", o.main_params_dtype),
-            ("--exp-avg-dtype", o.exp_avg_dtype),
-            ("--exp-avg-sq-dtype", o.exp_avg_sq_dtype),
-        ):
-            if v != MEGATRON_DEFAULTS[flag]:
-                flags.append((flag, v))
+    for flag, v in (  # printed with or without the precision-aware optimizer: never dropped
+        ("--main-grads-dtype", o.main_grads_dtype),
+        ("--main-params-dtype", o.main_params_dtype),
+        ("--exp-avg-dtype", o.exp_avg_dtype),
+        ("--exp-avg-sq-dtype", o.exp_avg_sq_dtype),
+    ):
+        if v != MEGATRON_DEFAULTS[flag]:
+            flags.append((flag, v))
+    if not o.master_weights:
+        notes.append(
+            "# optimizer.master_weights=false (bf16 params updated in place, no fp32 master copy) has "
+            "no Megatron equivalent: with --bf16 Megatron always keeps fp32 main params"
+        )
     if o.activation_func_fp8_input_store:
-        flags.append(("--activation-func-fp8-input-store", None))
+        notes.append(
+            "# optimizer.activation_func_fp8_input_store=true is a TransformerConfig field with no "
+            "Megatron flag (valid only with --swiglu): set activation_func_fp8_input_store=True in "
+            "the model provider's config"
+        )
     return flags, notes
 
 
-def training_flags(cfg: Config) -> list[tuple[str, object]]:
-    """Optimizer, schedule and batch values, where they differ from Megatron's defaults."""
+def training_flags(cfg: Config) -> Part:
+    """Optimizer hyper-parameters and schedule, where they differ from Megatron's defaults."""
     o = cfg.optimizer
     values = {
         "--lr": o.lr,
@@ -174,66 +277,149 @@ def training_flags(cfg: Config) -> list[tuple[str, object]]:
         "--clip-grad": o.clip_grad,
         "--lr-warmup-iters": o.warmup_steps,
         "--lr-decay-style": "cosine",
-        "--seed": cfg.seed,
     }
-    flags = [(k, v) for k, v in values.items() if v != MEGATRON_DEFAULTS[k]]
-    flags += [
+    return [(k, v) for k, v in values.items() if v != MEGATRON_DEFAULTS[k]], []
+
+
+def megatron_seed(seed: int) -> int:
+    """Megatron refuses seeds < 1 (initialize.py: "should be a positive integer"): N -> N + 1."""
+    return seed + 1
+
+
+def run_flags(cfg: Config) -> Part:
+    """What Megatron needs to start: iterations, batch, eval, seed, data, and the fusion switch."""
+    tokens_per_iter = cfg.global_batch_size * cfg.model.seq_length
+    eval_iters = math.ceil(cfg.eval_tokens / tokens_per_iter) if cfg.eval_tokens > 0 else 0
+    flags: list[Flag] = [
+        ("--train-iters", cfg.steps),
         ("--micro-batch-size", cfg.micro_batch_size),
         ("--global-batch-size", cfg.global_batch_size),
-        ("--train-iters", cfg.steps),
+        # Megatron divides by --eval-interval even with --eval-iters 0; lowp's 0 means "at the end"
+        ("--eval-interval", cfg.eval_interval if cfg.eval_interval > 0 else cfg.steps),
+        ("--eval-iters", eval_iters),
+        ("--log-interval", cfg.log_interval),
+        ("--seed", megatron_seed(cfg.seed)),
+        ("--no-gradient-accumulation-fusion", None),
     ]
-    return flags
+    notes = [
+        f"# seed={cfg.seed} -> --seed {megatron_seed(cfg.seed)}: Megatron needs a seed >= 1, so lowp's "
+        "seed N is exported as N+1 (the two draw different streams from it either way)",
+        "# --no-gradient-accumulation-fusion: Megatron's output layer fuses wgrad accumulation "
+        "through apex (fused_weight_gradient_mlp_cuda); drop the flag where apex is installed. "
+        "It also turns off TE's fused wgrad accumulation into fp32 main grads, which lowp's TE "
+        "backend keeps",
+    ]
+    if eval_iters * tokens_per_iter != cfg.eval_tokens:
+        notes.append(
+            f"# eval_tokens={cfg.eval_tokens} -> --eval-iters {eval_iters} of {tokens_per_iter} tokens "
+            "(Megatron evaluates whole global batches)"
+        )
+    data_flags, data_notes = _data_flags(cfg)
+    return flags + data_flags, notes + data_notes
+
+
+def _data_flags(cfg: Config) -> Part:
+    d = cfg.data
+    tokenizer: list[Flag] = [("--tokenizer-type", "NullTokenizer")]  # ids as they are; needs no files
+    if d.name == "synthetic":
+        return [("--mock-data", None), *tokenizer], [
+            "# data=synthetic -> --mock-data: Megatron's own random tokens (another stream than lowp's)"
+        ]
+    if d.name == "megatron":
+        if d.eval_path:
+            return [("--train-data-path", d.path), ("--valid-data-path", d.eval_path), *tokenizer], []
+        held = round(d.eval_fraction * 100, 6)
+        return [("--data-path", d.path), ("--split", f"{100 - held!r},{held!r},0"), *tokenizer], [
+            f"# data.eval_fraction={d.eval_fraction!r} -> --split: Megatron holds out whole "
+            "documents, shuffled, where lowp holds out the last tokens"
+        ]
+    return [], [
+        f"# data={d.name} has no Megatron dataset: add --data-path PREFIX (a Megatron indexed "
+        "dataset, e.g. made with tools/preprocess_data.py) or --mock-data, with --tokenizer-type"
+    ]
+
+
+def provider_fields(cfg: Config) -> dict[str, object]:
+    """TransformerConfig fields lowp sets that Megatron has no flag for (a model provider sets them)."""
+    o = cfg.optimizer
+    return {"activation_func_fp8_input_store": True} if o.activation_func_fp8_input_store else {}
 
 
 def megatron_args(cfg: Config) -> tuple[list[str], list[str]]:
     """(argv tokens, comment lines) for Megatron-LM's pretrain_gpt.py."""
-    rflags, notes = recipe_flags(cfg)
-    if cfg.model.lm_head_loss_chunks:
-        notes.append(
-            f"# model.lm_head_loss_chunks={cfg.model.lm_head_loss_chunks} has no Megatron flag: Megatron "
-            "makes the whole logits (--cross-entropy-loss-fusion fuses the loss kernel only)"
-        )
     argv: list[str] = []
-    for flag, value in model_flags(cfg) + rflags + training_flags(cfg):
-        argv.append(flag)
-        if value is not None:
-            argv.append(_fmt(value))
+    notes: list[str] = []
+    for part in (model_flags, recipe_flags, stability_flags, optimizer_flags, training_flags, run_flags):
+        flags, part_notes = part(cfg)
+        notes += part_notes
+        for flag, value in flags:
+            argv.append(flag)
+            if value is not None:
+                argv.append(_fmt(value))
     return argv, notes
 
 
-def render(cfg: Config) -> str:
-    argv, notes = megatron_args(cfg)
+def _flag_lines(argv: list[str]) -> list[str]:
     lines, i = [], 0
     while i < len(argv):
         if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            lines.append(f"{argv[i]} {argv[i + 1]}")
+            lines.append(f"{argv[i]} {shlex.quote(argv[i + 1])}")
             i += 2
         else:
             lines.append(argv[i])
             i += 1
-    body = " \\\n  ".join(lines)
-    return "\n".join([*notes, f"pretrain_gpt.py \\\n  {body}"])
+    return lines
+
+
+def render(cfg: Config, fmt: str = "sh") -> str:
+    """`sh`: comments, then one runnable torchrun command; `args`: comments, then a flag a line."""
+    argv, notes = megatron_args(cfg)
+    notes = [textwrap.fill(n, 108, subsequent_indent="#   ", break_on_hyphens=False) for n in notes]
+    lines = _flag_lines(argv)
+    if fmt == "args":
+        return "\n".join([*notes, *lines])
+    env = [f"{var}={v}" for var, v in nvte_env(cfg).items()]
+    head = " ".join(
+        [*env, "torchrun --nproc-per-node 1", '"${MEGATRON_LM:?a Megatron-LM checkout}/pretrain_gpt.py"']
+    )
+    return "\n".join([*notes, " \\\n  ".join([head, *lines])])
+
+
+FORMATS = ("sh", "args")
+
+
+def _pop_format(argv: list[str]) -> str:
+    fmt = "sh"
+    for i, a in enumerate(argv):
+        if a == "--format" or a.startswith("--format="):
+            value = a.split("=", 1)[1] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
+            del argv[i : i + (1 if "=" in a else 2)]
+            fmt = value
+            break
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt or '(missing)'}: choose one of {list(FORMATS)}")
+    return fmt
 
 
 def main(argv: list[str] | None = None) -> int:
-    from omegaconf import OmegaConf
-
-    from harness.config.store import compose
-    from harness.config.validate import ConfigError, validate
-    from harness.hardware import resolve_hardware
+    from harness.config import load
+    from harness.config.validate import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip())
         return 0
-    cfg: Config = OmegaConf.to_object(compose(argv))
-    cfg.hardware = resolve_hardware(cfg.hardware)
     try:
-        validate(cfg, for_export=True)
-    except ConfigError as exc:
+        fmt = _pop_format(argv)
+        cfg = load(argv, for_export=True)
+        if cfg.seed < 0:
+            raise ConfigError(
+                f"seed={cfg.seed}: Megatron needs --seed >= 1 and lowp exports seed N as N+1; use seed >= 0"
+            )
+    except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(render(cfg))
+    print(render(cfg, fmt))
     return 0
 
 

@@ -88,7 +88,7 @@ CONFIG_CASES = {
     "loss_chunks": (["model.lm_head_loss_chunks=-1"], "model.lm_head_loss_chunks=-1"),
     "steps_zero": (["steps=0"], "steps=0"),
     "lr_negative": (["optimizer.lr=-1"], ("optimizer.lr=-1", "positive learning rate")),
-    "min_lr_above_lr": (["optimizer.min_lr=1"], ("optimizer.min_lr=1", "<= optimizer.lr")),
+    "min_lr_above_lr": (["optimizer.min_lr=1"], ("optimizer.min_lr=1", "min_lr <= lr")),
     "warmup_negative": (["optimizer.warmup_steps=-1"], "optimizer.warmup_steps=-1"),
     "betas": (["optimizer.betas=[0.9,1.5]"], "optimizer.betas"),
     "log_interval_zero": (["log_interval=0"], "log_interval=0"),

@@ -14,6 +14,7 @@ from harness import recipes
 from harness.backends.capability import resolve_backend_name, te_installed_version
 from harness.backends.te_env import conflicts as nvte_conflicts
 from harness.config import schema
+from harness.config.reference_rules import reference_errors
 from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
 
 
@@ -111,7 +112,10 @@ def _recipe_errors(r: RecipeConfig) -> list[str]:
             "set one of them to null"
         )
     if spec.fp8_family and not r.fp8:
-        errs.append(f"recipe={r.name} needs recipe.fp8 (e4m3 or hybrid): set recipe.fp8=e4m3")
+        errs.append(
+            f"recipe={r.name} needs recipe.fp8 (e4m3 or hybrid): Megatron given --fp8-recipe without "
+            "--fp8-format silently trains BF16; set recipe.fp8=e4m3"
+        )
     if spec.fp4_family and r.fp4 != "e2m1":
         errs.append(f"recipe={r.name} needs recipe.fp4=e2m1: set recipe.fp4=e2m1")
     if not spec.quantizes_gemms and (r.fp8 or r.fp4):
@@ -143,12 +147,15 @@ def _stability_errors(s: StabilityConfig, r: RecipeConfig, m: ModelConfig) -> li
             "layers under delayed scaling; use recipe=tensorwise (or blockwise/mxfp8) or drop the knob"
         )
     if s.first_last_layers_bf16:
-        n_bf16 = s.num_layers_at_start_in_bf16 + s.num_layers_at_end_in_bf16
-        if min(s.num_layers_at_start_in_bf16, s.num_layers_at_end_in_bf16) < 0 or n_bf16 > m.num_layers:
+        start, end = s.num_layers_at_start_in_bf16, s.num_layers_at_end_in_bf16
+        for key, n in (("num_layers_at_start_in_bf16", start), ("num_layers_at_end_in_bf16", end)):
+            if n < 0:
+                errs.append(f"stability.{key}={n}: a layer count, must be >= 0 (0 = none at that end)")
+        if min(start, end) >= 0 and start + end > m.num_layers:
             errs.append(
-                f"stability.num_layers_at_start_in_bf16={s.num_layers_at_start_in_bf16} + "
-                f"num_layers_at_end_in_bf16={s.num_layers_at_end_in_bf16} exceeds model.num_layers="
-                f"{m.num_layers}: lower them so that their sum is at most {m.num_layers}"
+                f"stability.num_layers_at_start_in_bf16={start} + num_layers_at_end_in_bf16={end} "
+                f"exceeds model.num_layers={m.num_layers}: Megatron checks each count alone and would "
+                f"keep every block BF16; lower them so that their sum is at most {m.num_layers}"
             )
     for ov in s.overrides:
         if ov.recipe not in recipes.names():
@@ -174,7 +181,8 @@ def _optimizer_errors(o: OptimizerConfig, r: RecipeConfig) -> list[str]:
     if o.optimizer_cpu_offload and not spec.cpu_offload_ok and spec.fp8_family:
         errs.append(
             f"optimizer.optimizer_cpu_offload=true with recipe={r.name}: only delayed scaling supports "
-            "optimizer CPU offload; use recipe=delayed or optimizer.optimizer_cpu_offload=false"
+            "optimizer CPU offload (Megatron refuses it only with --fp8-param-gather and otherwise "
+            "runs it unsupported); use recipe=delayed or optimizer.optimizer_cpu_offload=false"
         )
     elif o.optimizer_cpu_offload and not spec.cpu_offload_ok:
         errs.append(
@@ -264,7 +272,8 @@ def _te_errors(cfg: Config) -> list[str]:
         arch = " (Blackwell)" if spec.min_cc >= 10.0 else ""
         errs.append(
             f"recipe={r.name} with backend=te on hardware={hw.name} (compute capability {cc}): TE needs "
-            f"compute capability >= {spec.min_cc}{arch}; use backend=emulated or hardware=b200"
+            f"compute capability >= {spec.min_cc}{arch}: Megatron accepts the flags and TE stops at the "
+            "first autocast; use backend=emulated or hardware=b200"
         )
     elif (
         spec.quantizes_gemms
@@ -280,7 +289,8 @@ def _te_errors(cfg: Config) -> list[str]:
     if not s.fp8_wgrad and not spec.te_high_precision_backward_ok:
         errs.append(
             f"stability.fp8_wgrad=false with recipe={r.name} and backend=te: TE 2.x ignores Megatron's "
-            "--no-fp8-wgrad and forbids its high-precision backward under delayed scaling; use "
+            "--no-fp8-wgrad (Megatron would silently keep the wgrad GEMM in FP8) and forbids its "
+            "high-precision backward under delayed scaling; use "
             "recipe=tensorwise, or backend=emulated (wgrad GEMM only)"
         )
     if spec.quantizes_gemms:
@@ -376,8 +386,8 @@ def run_errors(cfg: Config) -> list[str]:
         (
             "optimizer.min_lr",
             o.min_lr,
-            0 <= o.min_lr <= o.lr,
-            f"use 0 <= optimizer.min_lr <= optimizer.lr={o.lr}",
+            0 <= o.min_lr,
+            "use optimizer.min_lr >= 0 (min_lr <= lr is the Megatron rule in reference_rules)",
         ),
         ("optimizer.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, "use 0 or more warm-up steps"),
         ("optimizer.clip_grad", o.clip_grad, o.clip_grad >= 0, "use 0 (off) or a positive norm, e.g. 1.0"),
@@ -453,7 +463,7 @@ def check_known_keys(dcfg) -> None:
 
 def validate(cfg: Config, *, for_export: bool = False) -> list[str]:
     """Raise ConfigError on the first problem; return (and emit) the warnings."""
-    errs = legality_errors(cfg)
+    errs = legality_errors(cfg) + reference_errors(cfg)  # then what Megatron-LM and TE refuse
     if not errs:
         errs += run_errors(cfg)
     if not for_export:

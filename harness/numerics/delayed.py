@@ -3,9 +3,9 @@
 numerics.md section 2. Each cast uses `scale[i]` and max-accumulates its amax into
 `amax_history[0, i]`. `update()` is TE's fused kernel_bulk: a zero amax leaves history and scale
 alone; otherwise the history rolls (h'[0]=0, h'[i]=h[i+1], h'[-1]=amax) and
-scale = (fp8max * 2^-margin) / amax ("max" over the old history and amax, or "most_recent"),
-kept when amax is not finite, FLT_MAX when the quotient is Inf. When updates happen is the
-context's business (numerics/context.py).
+scale = (fp8max * 2^-margin) / amax ("max": fmaxf from 0 over the old history and amax, so a
+NaN is skipped; or "most_recent"), kept when amax is not finite, FLT_MAX when the quotient is Inf.
+When updates happen is the context's business (numerics/context.py).
 """
 
 from __future__ import annotations
@@ -57,9 +57,11 @@ class DelayedScalingState:
             rolled[1:-1] = h[2:]
             rolled[-1] = last
         if self.algo == "max":
-            amax = torch.maximum(h[1:].amax(dim=0), last) if h.shape[0] > 1 else last
+            # fmaxf folded from 0 over the rolled window, as kernel_bulk does: a NaN never wins
+            window = torch.cat([h[1:], last[None]])  # (len, n)
+            amax = torch.fmax(window, torch.zeros_like(window)).amax(dim=0)
         else:
-            amax = last
+            amax = last  # a NaN here keeps the old scale (the isfinite test below)
         active = last != 0  # zero amax: no roll, no new scale
         h.copy_(torch.where(active, rolled, h))
         amax = torch.where(active, amax, torch.zeros_like(amax))

@@ -109,15 +109,19 @@ def e8m0_decode(e: torch.Tensor) -> torch.Tensor:
 
 
 def e8m0_quant_scale(e: torch.Tensor) -> torch.Tensor:
-    """The factor the MXFP8 kernel multiplies elements by, TE's `ptx::exp2f_rcp(e)`.
+    """The factor the MXFP8 kernel multiplies elements by, TE's `ptx::exp2f_rcp(e)` (TE >= 2.13).
 
-    2^(127-e) built from bits: e=0 gives 1.0 (not 2^127), e=254 gives 0.0 and e=255 the bit
-    pattern 0xFF800000 (-Inf). Only blocks whose amax is <= 448*2^-127, Inf or all-NaN reach
-    those cases.
+    2^(127-e) built from fp32 bits, `(254 - e) << 23`: e=0 gives 2^127, so a block whose amax is
+    <= 448*2^-127 is scaled up and kept rather than flushed. Two bytes need more than the exponent
+    field: e=254 (an Inf amax) gives the subnormal 2^-127 (0x00400000), which satfinite maps
+    +-Inf to +-fp8max, and e=255 (NaN) gives NaN. Before TE commit 71971e33d (v2.13) e=0 gave
+    1.0, 254 gave 0.0 and 255 -Inf.
     """
     e = e.to(torch.int32)
     bits = (254 - e) << 23
-    return torch.where(e == 0, 1.0, bits.view(torch.float32))
+    bits = torch.where(e == 254, 0x00400000, bits)
+    bits = torch.where(e == 255, 0x7FFFFFFF, bits)
+    return bits.view(torch.float32)
 
 
 # ----------------------------------------------------------------------------------------------

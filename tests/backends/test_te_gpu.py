@@ -81,7 +81,14 @@ def test_optimizer_cpu_offload_with_delayed_trains(tmp_path):
 
     s = run(
         compose_cfg(
-            *GPU_TINY, "backend=te", "recipe=delayed", "optimizer.optimizer_cpu_offload=true", "steps=30"
+            *GPU_TINY,
+            "backend=te",
+            "recipe=delayed",
+            "optimizer.optimizer_cpu_offload=true",
+            # Megatron: offload needs the precision-aware optimizer, which needs the distributed one
+            "optimizer.use_precision_aware_optimizer=true",
+            "optimizer.use_distributed_optimizer=true",
+            "steps=30",
         ),
         tmp_path,
     )
@@ -109,6 +116,7 @@ def test_fused_wgrad_into_fp32_main_grads_matches_bf16_grads(tmp_path):
                 "steps=2",
                 "log_interval=1",
                 "optimizer.use_precision_aware_optimizer=true",
+                "optimizer.use_distributed_optimizer=true",
                 f"optimizer.main_grads_dtype={grads}",
             ),
             out,

@@ -119,3 +119,20 @@ def test_backward_update_after_the_first_modules_backward():
     assert during["s"] == 1.0  # the second module's backward ran, no update yet
     assert bwd["blocks.0.attn.proj"].scale.item() != 1.0  # updated after the first module's
     assert bwd["blocks.0.attn.qkv"].scale.item() != 1.0
+
+
+def test_max_algo_ignores_nan_like_fmaxf():
+    """kernel_bulk folds fmaxf from 0: a NaN in the history or the new amax never wins the max."""
+    s = DelayedScalingState([E4M3], 3, "max", 0)
+    s.amax_history[:, 0] = torch.tensor([0.0, float("nan"), 2.0])  # an older NaN, then 2
+    run(s, [4.0])
+    assert s.scale.item() == 112.0  # 448 / max(2, 4), not NaN -> kept scale 1
+    assert s.amax_history[1, 0] == 2.0 and s.amax_history[2, 0] == 4.0
+    t = DelayedScalingState([E4M3], 2, "max", 0)
+    t.amax_history[:, 0] = torch.tensor([float("nan"), 7.0])  # NaN recorded this step
+    t.update()
+    assert t.scale.item() == 64.0 and torch.isnan(t.amax_history[1, 0])  # rolled in, skipped by max
+    u = DelayedScalingState([E4M3], 2, "max", 0)
+    u.amax_history[:, 0] = torch.tensor([float("nan"), 0.0])  # nothing but NaN: amax 0, scale kept
+    u.update()
+    assert u.scale.item() == 1.0

@@ -1,0 +1,334 @@
+"""Hold lowp's Megatron export against Megatron-LM itself.
+
+    python -m benchmarks.megatron_lm check --megatron DIR --out OUT [--python PY] [--limit N]
+    python -m benchmarks.megatron_lm pretrain --megatron DIR --out OUT [--recipes bf16,tensorwise]
+        [--iters 20] [--timeout 240]
+
+`check` exports every case of the preset x recipe x knob sweep (harness.config.reference_sweep),
+accepted by lowp or not, and feeds each distinct flag list to Megatron-LM's own `parse_args` +
+`validate_args`, then builds its TransformerConfig, OptimizerConfig and DDP config from the
+parsed args and, where Transformer Engine is importable, Megatron's TE recipe object. It writes
+OUT/check.json: per case lowp's verdict and Megatron's (the stage that refused and its message),
+and the two kinds of disagreement: lowp accepts what Megatron refuses (a lowp bug), lowp refuses
+what Megatron accepts (lowp stricter: its message says what Megatron would do). Megatron runs in
+a child process of `--python` (default: this interpreter) with DIR on its path; it needs torch,
+numpy, packaging and triton (no GPU).
+
+`pretrain` prints `python -m harness.megatron experiment=h200_1b recipe=R steps=ITERS --format
+sh` for each recipe, runs that command as printed (MEGATRON_LM=DIR, one GPU), then lowp's own
+`harness.train` at the same config, and writes OUT/pretrain.json with Megatron's step times (its
+"elapsed time per iteration" log, first interval left out as warm-up) beside lowp's
+(summary.json's median steady-state step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# check: lowp's decisions against Megatron-LM's own argument checks
+
+
+def lowp_cases(limit: int | None = None) -> list[dict]:
+    """Every sweep case: its label, lowp's verdict (None = accepted, else the message), its argv."""
+    from harness.config.reference_sweep import cases
+    from harness.config.validate import ConfigError, validate
+    from harness.megatron import megatron_args, provider_fields
+
+    out = []
+    for label, cfg in cases():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                validate(cfg, for_export=True)
+                refused = None
+            except ConfigError as exc:
+                refused = str(exc)
+        argv, fields = megatron_args(cfg)[0], provider_fields(cfg)
+        out.append({"case": label, "lowp_refuses": refused, "argv": argv, "fields": fields})
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
+def _megatron_verdict(argv: list[str], fields: dict) -> dict:
+    """Megatron's verdict on one flag list, plus the TransformerConfig fields that have no flag
+    (set on the parsed args, as a model provider would); runs in the child."""
+    from megatron.training.argument_utils import core_transformer_config_from_args
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.training import get_megatron_ddp_config, get_megatron_optimizer_config
+
+    stage = "parse_args"
+    sys.argv = ["pretrain_gpt.py", *argv]
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            args = parse_args()
+            stage = "validate_args"
+            validate_args(args)
+            stage = "TransformerConfig"
+            for name, value in fields.items():
+                setattr(args, name, value)
+            config = core_transformer_config_from_args(args)
+            stage = "OptimizerConfig"
+            get_megatron_optimizer_config(args)
+            stage = "DistributedDataParallelConfig"
+            get_megatron_ddp_config(args)
+            stage = "TE recipe"
+            te_recipe = _te_recipe(config)
+        return {"ok": True, "te_recipe": te_recipe}
+    except SystemExit as exc:  # argparse: unknown flag or bad value
+        return {"ok": False, "stage": stage, "error": f"exit {exc.code}: {sink.getvalue()[-400:].strip()}"}
+    except BaseException as exc:  # noqa: BLE001 - Megatron refuses with asserts, ValueError, TypeError...
+        error = f"{type(exc).__name__}: {exc}"[:600]
+        # without TE (a CPU check) Megatron refuses whatever needs it (FP4, the precision-aware
+        # optimizer's FusedAdam): those cases are not checked there
+        unchecked = not _has_te() and ("TransformerEngine" in error or "Transformer Engine" in error)
+        return {"ok": None if unchecked else False, "stage": stage, "error": error}
+
+
+def _has_te() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def _te_recipe(config) -> str | None:
+    """Megatron's own TE recipe object for the config (None without TE or without FP8/FP4)."""
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return None
+    if config.fp8:
+        from megatron.core.fp8_utils import get_fp8_recipe
+
+        return repr(get_fp8_recipe(config))
+    if config.fp4:
+        from megatron.core.fp4_utils import get_fp4_recipe
+
+        return repr(get_fp4_recipe(config))
+    return None
+
+
+def child_main() -> None:
+    """stdin: a JSON list of [argv, fields]; stdout (last line): a JSON list of verdicts."""
+    items = json.loads(sys.stdin.read())
+    verdicts = [_megatron_verdict(argv, fields) for argv, fields in items]
+    sys.stdout.write("\n" + json.dumps(verdicts) + "\n")
+
+
+def megatron_verdicts(items: list, megatron: Path, python: str, jobs: int) -> list[dict]:
+    """Verdicts in `jobs` child processes side by side (each imports Megatron once)."""
+    paths = [str(megatron), str(REPO), os.environ.get("PYTHONPATH", "")]  # keep e.g. TE's site dir
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    env.setdefault("RANK", "0")
+    env.setdefault("WORLD_SIZE", "1")
+    chunks = [items[i::jobs] for i in range(jobs)]
+    procs = [
+        subprocess.Popen(
+            [python, "-m", "benchmarks.megatron_lm", "_child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        for _ in chunks
+    ]
+    outs = [p.communicate(json.dumps(c)) for p, c in zip(procs, chunks, strict=True)]
+    results: list[list[dict]] = []
+    for p, (out, err) in zip(procs, outs, strict=True):
+        if p.returncode != 0:
+            raise RuntimeError(f"Megatron child failed ({p.returncode}):\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    verdicts: list[dict] = [{}] * len(items)
+    for j, chunk_result in enumerate(results):  # undo the round-robin split
+        for k, v in enumerate(chunk_result):
+            verdicts[j + k * jobs] = v
+    return verdicts
+
+
+def check(args) -> dict:
+    t0 = time.time()
+    cases = lowp_cases(args.limit)
+    key = lambda c: json.dumps([c["argv"], c["fields"]])  # noqa: E731
+    distinct = sorted({key(c) for c in cases})
+    items = [json.loads(k) for k in distinct]
+    verdicts = dict(
+        zip(distinct, megatron_verdicts(items, args.megatron, args.python, max(1, args.jobs)), strict=True)
+    )
+    accepts_refused, stricter = [], []
+    for c in cases:
+        v = verdicts[key(c)]
+        c["megatron"] = v
+        if v["ok"] is None:
+            continue
+        if c["lowp_refuses"] is None and not v["ok"]:
+            accepts_refused.append(c)
+        elif c["lowp_refuses"] is not None and v["ok"]:
+            stricter.append({"case": c["case"], "lowp": c["lowp_refuses"]})
+    report = {
+        "megatron": str(args.megatron),
+        "cases": len(cases),
+        "distinct_flag_lists": len(distinct),
+        "lowp_accepts": sum(c["lowp_refuses"] is None for c in cases),
+        "megatron_accepts": sum(c["megatron"]["ok"] is True for c in cases),
+        "unchecked_without_te": sum(c["megatron"]["ok"] is None for c in cases),
+        "lowp_accepts_megatron_refuses": accepts_refused,
+        "lowp_stricter": stricter,
+        "both_refuse": sum(c["lowp_refuses"] is not None and c["megatron"]["ok"] is False for c in cases),
+        "seconds": round(time.time() - t0, 1),
+        "all": [{k: c[k] for k in ("case", "lowp_refuses", "megatron")} for c in cases],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "check.json").write_text(json.dumps(report, indent=1))
+    print(
+        f"[megatron_lm] {report['cases']} cases ({report['distinct_flag_lists']} flag lists): lowp accepts "
+        f"{report['lowp_accepts']}, Megatron accepts {report['megatron_accepts']}; lowp accepts what "
+        f"Megatron refuses: {len(accepts_refused)}; lowp stricter: {len(stricter)}; unchecked "
+        f"{report['unchecked_without_te']} -> {args.out / 'check.json'}"
+    )
+    for c in accepts_refused[:20]:
+        v = c["megatron"]
+        print(f"  lowp accepts, Megatron refuses: {c['case']}: {v['stage']}: {v['error']}")
+    return report
+
+
+# ----------------------------------------------------------------------------------------------
+# pretrain: the printed command on the GPU, beside lowp at the same config
+
+LOG_EVERY = 5  # Megatron logs the mean over each interval; the first one is the warm-up
+_ITER_MS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+)")
+
+
+def megatron_step_ms(log: str, warm_iters: int) -> dict:
+    """Megatron's per-interval mean iteration times, and their median over the intervals that
+    start after `warm_iters` (warm-up and the first iteration's compile/allocation left out)."""
+    rows = [(int(i), float(ms)) for i, ms in _ITER_MS.findall(log)]
+    steady = [ms for it, ms in rows if it > warm_iters]
+    return {"intervals": rows, "step_ms": statistics.median(steady) if steady else None}
+
+
+def _run(cmd, out_log: Path, timeout: int, env=None, shell=False) -> tuple[int, str, float]:
+    t0 = time.time()
+    try:
+        res = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, shell=shell
+        )
+        rc, text = res.returncode, res.stdout + res.stderr
+    except subprocess.TimeoutExpired as exc:
+        text = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+        rc = 124
+    out_log.write_text(text[-200_000:])
+    return rc, text, round(time.time() - t0, 1)
+
+
+def pretrain(args) -> dict:
+    args.out.mkdir(parents=True, exist_ok=True)
+    overrides_of = lambda r: [  # noqa: E731
+        "experiment=h200_1b",
+        f"recipe={r}",
+        f"steps={args.iters}",
+        f"log_interval={LOG_EVERY}",
+        f"bench_warmup_steps={LOG_EVERY}",  # lowp's median leaves out the same warm-up as Megatron's
+    ]
+    report: dict = {"iters": args.iters, "recipes": {}}
+    for recipe in args.recipes.split(","):
+        entry: dict = {"overrides": overrides_of(recipe)}
+        report["recipes"][recipe] = entry
+        export = subprocess.run(
+            [sys.executable, "-m", "harness.megatron", *overrides_of(recipe), "--format", "sh"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        entry["command"] = export.stdout
+        if export.returncode != 0:
+            entry["error"] = export.stderr.strip()
+            continue
+        env = {**os.environ, "MEGATRON_LM": str(args.megatron.resolve())}
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # torchrun
+        env["PYTHONPATH"] = os.pathsep.join([str(args.megatron.resolve()), env.get("PYTHONPATH", "")])
+        rc, log, wall = _run(
+            ["bash", "-c", export.stdout], args.out / f"megatron_{recipe}.log", args.timeout, env
+        )
+        entry["megatron"] = {
+            "rc": rc,
+            "wall_s": wall,
+            **megatron_step_ms(log, LOG_EVERY),
+            "tail": log[-1500:],
+        }
+        run_dir = args.out / f"lowp_{recipe}"
+        cmd = [sys.executable, "-m", "harness.train", *overrides_of(recipe), f"hydra.run.dir={run_dir}"]
+        rc, log, wall = _run(cmd, args.out / f"lowp_{recipe}.log", args.timeout)
+        summary = run_dir / "summary.json"
+        s = json.loads(summary.read_text()) if summary.exists() else {}
+        entry["lowp"] = {
+            "rc": rc,
+            "wall_s": wall,
+            "step_ms": s.get("step_time_ms"),
+            "status": s.get("status"),
+        }
+        if rc != 0:
+            entry["lowp"]["tail"] = log[-1500:]
+        (args.out / "pretrain.json").write_text(json.dumps(report, indent=1))
+        m, lw = entry["megatron"]["step_ms"], entry["lowp"]["step_ms"]
+        print(f"[megatron_lm] {recipe}: Megatron {m} ms/step, lowp {lw} ms/step", flush=True)
+    (args.out / "pretrain.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.megatron_lm", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="lowp's decisions against Megatron-LM's argument checks")
+    c.add_argument("--python", default=sys.executable, help="interpreter that imports Megatron-LM")
+    c.add_argument("--limit", type=int, default=None, help="only the first N sweep cases")
+    c.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="Megatron child processes")
+    t = sub.add_parser("pretrain", help="run the exported pretrain_gpt.py line beside lowp")
+    t.add_argument("--recipes", default="bf16,tensorwise")
+    t.add_argument("--iters", type=int, default=20)
+    t.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    for q in (c, t):
+        q.add_argument("--megatron", type=Path, required=True, help="a Megatron-LM source tree")
+        q.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if not (args.megatron / "megatron" / "training" / "arguments.py").exists():
+        p.error(f"--megatron {args.megatron}: no megatron/training/arguments.py there (a Megatron-LM tree)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_child"]:
+        child_main()
+        return 0
+    args = parse(argv)
+    try:
+        report = check(args) if args.cmd == "check" else pretrain(args)
+    except Exception:  # noqa: BLE001 - say what broke; whatever was written stays
+        traceback.print_exc()
+        return 1
+    if args.cmd == "check":
+        return 1 if report["lowp_accepts_megatron_refuses"] else 0
+    return 0 if all("error" not in e for e in report["recipes"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
