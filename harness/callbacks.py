@@ -34,6 +34,7 @@ class ValidateSweep(Callback):
         from hydra.types import RunMode
 
         from harness.config.schema import Config
+        from harness.config.store import to_config
         from harness.config.validate import ConfigError, validate
         from harness.hardware import resolve_hardware
 
@@ -44,9 +45,9 @@ class ValidateSweep(Callback):
                 config_name=config.hydra.job.config_name, overrides=overrides, run_mode=RunMode.MULTIRUN
             )
             plain = {k: job_cfg[k] for k in job_cfg if k != "hydra"}
-            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
-            cfg.hardware = resolve_hardware(cfg.hardware)
             try:
+                cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), plain))
+                cfg.hardware = resolve_hardware(cfg.hardware)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # each job prints its own warnings when it runs
                     validate(cfg)

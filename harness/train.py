@@ -28,7 +28,7 @@ from harness import metrics as M
 from harness.artifacts import RunWriter, Summary, provenance, save_checkpoint
 from harness.backends import build_backend
 from harness.config.schema import Config
-from harness.config.store import CONF_DIR, register
+from harness.config.store import CONF_DIR, register, to_config
 from harness.config.validate import ConfigError, ConfigWarning, validate
 from harness.data import build_data
 from harness.hardware import device_for, resolve_hardware
@@ -57,6 +57,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def init_weights(model: torch.nn.Module, cfg: Config) -> dict:
+    """init_from: the model's weights from a Hugging Face checkpoint, before the optimizer copies
+    them into its masters."""
+    from harness.hf.weights import init_from_hf
+
+    return init_from_hf(model, cfg.init_from, cfg.model)
+
+
 class Trainer:
     """Owns one run's objects; `fit()` runs the loop and returns the summary."""
 
@@ -69,6 +77,7 @@ class Trainer:
         self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
         self.backend = build_backend(cfg, self.device)
         self.model = self.backend.build_model()
+        self.init = init_weights(self.model, cfg) if cfg.init_from else None
         self.optimizer = build_optimizer(
             self.model,
             cfg.optimizer,
@@ -340,6 +349,7 @@ def _run_json(cfg: Config, trainer: Trainer) -> dict:
         device=trainer.device,
     )
     prov.update(
+        init=trainer.init,
         params=trainer.params,
         flops_per_token=trainer.flops_per_token,
         tokens_per_step=trainer.tokens_per_step,
@@ -385,9 +395,9 @@ def main(dcfg: DictConfig) -> float | None:
 
     _concise_warnings()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    cfg: Config = OmegaConf.to_object(dcfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
+        cfg: Config = to_config(dcfg)
         summary = run(cfg, run_dir)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

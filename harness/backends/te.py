@@ -20,7 +20,7 @@ import torch.nn as nn
 from harness.backends.base import Backend, uses_main_grads
 from harness.config.schema import Config, RecipeConfig, StabilityConfig
 from harness.config.validate import LOWP_SET_NVTE, NVTE_FROM_CONFIG, NVTE_RECIPE
-from harness.model import GPT
+from harness.model import GPT, head_dims
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 # te.TransformerLayer's GEMM weights (fuse_qkv_params=True), the ones INT4 QAT fake-quantizes
@@ -105,10 +105,17 @@ class TEBlock(nn.Module):
 
         m = cfg.model
         std, out_std = m.init_method_std, m.init_method_std / math.sqrt(2 * m.num_layers)
+        heads, groups, head_dim = head_dims(m)
         self.layer = te.TransformerLayer(
             m.hidden_size,
             m.ffn_hidden_size,
-            m.num_attention_heads,
+            heads,
+            num_gqa_groups=groups,
+            kv_channels=head_dim,
+            # Megatron's qk_layernorm (and Qwen3) normalizes q and k before RoPE; TE's default is after
+            qk_norm_type=m.normalization if m.qk_layernorm else None,
+            qk_norm_eps=m.layernorm_epsilon,
+            qk_norm_before_rope=True,
             layernorm_epsilon=m.layernorm_epsilon,
             hidden_dropout=0.0,
             attention_dropout=0.0,
@@ -206,6 +213,11 @@ class TEBackend(Backend):
 
     def build_model(self) -> nn.Module:
         cfg = self.cfg
+        if cfg.model.add_qkv_bias and not cfg.model.add_bias_linear:
+            raise ValueError(
+                "model.add_qkv_bias=true with backend=te: te.TransformerLayer has one bias flag for all "
+                "its linears, so a QKV-only bias (Qwen2) runs on backend=emulated only"
+            )
         fp8_param = cfg.optimizer.fp8_param and self.recipe is not None
         with self.te.quantized_model_init(enabled=fp8_param, recipe=self.recipe):
             blocks = nn.ModuleList(
@@ -216,10 +228,12 @@ class TEBackend(Backend):
         model.rope_emb = None
         if cfg.model.position_embedding == "rope":
             model.rope_emb = self.te.RotaryPositionEmbedding(
-                cfg.model.hidden_size // cfg.model.num_attention_heads
+                head_dims(cfg.model)[2], rotary_base=cfg.model.rotary_base
             )
         for name, child in model.named_children():
-            if name != "blocks":
+            if name == "rope_emb":  # its inv_freq stays fp32, as in Megatron and HF (bf16 would blur it)
+                child.to(device=self.device)
+            elif name != "blocks":
                 child.to(device=self.device, dtype=torch.bfloat16)
         self._install_probes(model)
         return model
