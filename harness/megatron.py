@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from harness.config.schema import Config
+from harness.megatron_arch import architecture_flags
 
 # Megatron-LM argparse defaults for the values lowp prints only when they differ.
 MEGATRON_DEFAULTS = {
@@ -78,7 +79,7 @@ def model_flags(cfg: Config) -> list[tuple[str, object]]:
         flags.append(("--position-embedding-type", "rope"))
     if not m.add_bias_linear:
         flags.append(("--disable-bias-linear", None))
-    return flags
+    return architecture_flags(m, flags)
 
 
 def recipe_flags(cfg: Config) -> tuple[list[tuple[str, object]], list[str]]:
