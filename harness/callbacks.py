@@ -33,10 +33,10 @@ class ValidateSweep(Callback):
         from hydra.core.global_hydra import GlobalHydra
         from hydra.types import RunMode
 
+        from harness.config import prepare
         from harness.config.schema import Config
         from harness.config.store import to_config
-        from harness.config.validate import ConfigError, validate
-        from harness.hardware import resolve_hardware
+        from harness.config.validate import ConfigError
 
         loader = GlobalHydra.instance().config_loader()
         jobs = job_overrides(config)
@@ -47,10 +47,9 @@ class ValidateSweep(Callback):
             plain = {k: job_cfg[k] for k in job_cfg if k != "hydra"}
             try:
                 cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), plain))
-                cfg.hardware = resolve_hardware(cfg.hardware)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # each job prints its own warnings when it runs
-                    validate(cfg)
+                    prepare(cfg)
             except ConfigError as exc:
                 print(f"error: job {i} ({' '.join(overrides)}): {exc}", file=sys.stderr)
                 sys.exit(2)

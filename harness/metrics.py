@@ -140,3 +140,13 @@ def divergence(row: dict, first_loss: float | None) -> str | None:
     if first_loss is not None and math.isfinite(first_loss) and loss > 2.0 * first_loss + 1.0:
         return f"loss spike: {loss:.3f} vs {first_loss:.3f} at the first logged step"
     return None
+
+
+def summary_mfu(
+    tflops: float, *, bf16_peak: float | None, recipe_peak: float | None, emulated: bool
+) -> tuple[float | None, float | None]:
+    """(MFU against the BF16 peak, MFU against the recipe's own peak) for summary.json; none where a
+    peak is unknown, and none for an emulated quantized recipe (its speed is not the recipe's)."""
+    if emulated:
+        return None, None
+    return (tflops / bf16_peak if bf16_peak else None, tflops / recipe_peak if recipe_peak else None)

@@ -25,20 +25,21 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness import metrics as M
-from harness.artifacts import RunWriter, Summary, provenance, save_checkpoint
-from harness.backends import build_backend
+from harness import recipes
+from harness.artifacts import NullWriter, RunWriter, Summary, provenance, save_checkpoint
+from harness.backends import BackendSpec, build_backend, resolve_backend_name
+from harness.config import prepare
 from harness.config.schema import Config
 from harness.config.store import CONF_DIR, register, to_config
-from harness.config.validate import ConfigError, ConfigWarning, validate
+from harness.config.validate import ConfigError, ConfigWarning
 from harness.data import build_data
-from harness.hardware import device_for, resolve_hardware
-from harness.loggers import open_logger
+from harness.hardware import device_for
+from harness.loggers import NullLogger, open_logger
 from harness.memory import breakdown
 from harness.model import count_params, flops_per_token
-from harness.optim import build_optimizer, clip_grad, lr_at, set_lr
+from harness.optim import clip_grad, lr_at, set_lr
 
 log = logging.getLogger("lowp")
-RECIPE_PEAK = {"delayed": "fp8", "tensorwise": "fp8", "blockwise": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 
 class Preempted(RuntimeError):
@@ -57,34 +58,43 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def init_weights(model: torch.nn.Module, cfg: Config) -> dict:
+def backend_spec(cfg: Config) -> BackendSpec:
+    """The slices of `cfg` a backend is built from (backend=auto resolved here)."""
+    return BackendSpec(
+        name=resolve_backend_name(cfg.backend.name, cfg.recipe.name),
+        recipe=cfg.recipe,
+        stability=cfg.stability,
+        model=cfg.model,
+        optimizer=cfg.optimizer,
+        seed=cfg.seed,
+    )
+
+
+def init_weights(model: torch.nn.Module, path: str, model_cfg) -> dict:
     """init_from: the model's weights from a Hugging Face checkpoint, before the optimizer copies
     them into its masters."""
     from harness.hf.weights import init_from_hf
 
-    return init_from_hf(model, cfg.init_from, cfg.model)
+    return init_from_hf(model, path, model_cfg)
 
 
 class Trainer:
-    """Owns one run's objects; `fit()` runs the loop and returns the summary."""
+    """Owns one run's objects; `fit()` runs the loop and returns the summary.
 
-    def __init__(self, cfg: Config, run_dir: Path):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.writer: RunWriter | None = None
-        self.logger = None
+    `cfg` is a loaded config (`harness.config.load`); `writer` receives the run directory's rows and
+    `logger` the tracker's (both null sinks when left out: a benchmark timing `train_step` alone)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, writer: RunWriter | None = None, logger=None):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.writer = writer if writer is not None else NullWriter()
+        self.logger = logger if logger is not None else NullLogger()
         self.device = device_for(cfg.hardware)
         seed_everything(cfg.seed)
         self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
-        self.backend = build_backend(cfg, self.device)
+        self.backend = build_backend(backend_spec(cfg), self.device)
         self.model = self.backend.build_model()
-        self.init = init_weights(self.model, cfg) if cfg.init_from else None
-        self.optimizer = build_optimizer(
-            self.model,
-            cfg.optimizer,
-            self.device,
-            self.backend.name,
-            full_master=cfg.recipe.name == "int4_qat",
-        )
+        self.init = init_weights(self.model, cfg.init_from, cfg.model) if cfg.init_from else None
+        self.optimizer = self.backend.build_optimizer(self.model, cfg.optimizer)
         self.backend.prepare(self.model, self.optimizer)
         self.accum = cfg.global_batch_size // cfg.micro_batch_size
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
@@ -183,9 +193,8 @@ class Trainer:
     def _due(self, interval: int, step: int) -> bool:
         return interval > 0 and (step + 1) % interval == 0 and step + 1 < self.cfg.steps
 
-    def fit(self, summary: Summary, logger) -> Summary:
+    def fit(self, summary: Summary) -> Summary:
         cfg, t0 = self.cfg, time.perf_counter()
-        self.logger = logger
         warm = min(cfg.bench_warmup_steps, max(cfg.steps - 1, 0))
         for step in range(cfg.steps):
             if step == warm and self.device.type == "cuda":
@@ -273,25 +282,24 @@ class Trainer:
         if ms:
             summary.step_time_ms = ms
             summary.tokens_per_s = self.tokens_per_step / (ms / 1e3)
-            tflops = summary.tokens_per_s * self.flops_per_token / 1e12
-            quantized = cfg.recipe.name in RECIPE_PEAK
-            emulated_speed = self.backend.name == "emulated" and quantized
-            bf16_peak, own_peak = self._peak("bf16"), self._peak(RECIPE_PEAK.get(cfg.recipe.name, "bf16"))
-            # emulated speed is not the recipe's speed: no MFU claimed for it
-            summary.mfu_bf16_peak = tflops / bf16_peak if bf16_peak and not emulated_speed else None
-            summary.mfu_recipe_peak = tflops / own_peak if own_peak and not emulated_speed else None
+            spec = recipes.get(cfg.recipe.name)
+            summary.mfu_bf16_peak, summary.mfu_recipe_peak = M.summary_mfu(
+                summary.tokens_per_s * self.flops_per_token / 1e12,
+                bf16_peak=self._peak("bf16"),
+                recipe_peak=self._peak(spec.peak_dtype),
+                # emulated speed is not the recipe's speed: no MFU claimed for it
+                emulated=self.backend.name == "emulated" and spec.quantizes_gemms,
+            )
 
 
 def run(cfg: Config, run_dir: Path) -> Summary:
-    """Validate, train and write one complete run directory; returns its summary."""
-    cfg.hardware = resolve_hardware(cfg.hardware)
-    validate(cfg)
+    """Train and write one complete run directory; returns its summary.
+
+    `cfg` comes from `harness.config.load` (or a composed Config: it is prepared here the same way,
+    hardware resolved, stability overrides resolved, validated) before anything is written."""
+    cfg = prepare(cfg)
     run_dir = Path(run_dir)
-    try:
-        trainer = Trainer(cfg, run_dir)
-    except ValueError as exc:  # bad data path, vocab, unsupported recipe: config problems, before any work
-        raise ConfigError(str(exc)) from exc
-    writer = trainer.writer = RunWriter(run_dir)
+    backend_name = resolve_backend_name(cfg.backend.name, cfg.recipe.name)
     summary = Summary(
         recipe=cfg.recipe.name,
         variant=variant(cfg),
@@ -300,34 +308,41 @@ def run(cfg: Config, run_dir: Path) -> Summary:
         data=cfg.data.name,
         seed=cfg.seed,
     )
+    config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    with open_logger(
+        cfg.logger,
+        run_dir=run_dir,
+        name=cfg.name or f"{cfg.recipe.name}-s{cfg.seed}",
+        group=_sweep_group(run_dir),
+        job_type=cfg.recipe.name,
+        tags=[cfg.recipe.name, backend_name, variant(cfg)],
+        config=config,
+    ) as logger:
+        return _train(cfg, run_dir, summary, config, logger)
+
+
+def _train(cfg: Config, run_dir: Path, summary: Summary, config: dict, logger) -> Summary:
+    """Build the trainer, fit, and write the summary on every way out (atomic, also on failure)."""
+    try:
+        trainer = Trainer(cfg, run_dir, RunWriter(run_dir), logger)
+    except ValueError as exc:  # bad data path, vocab, unsupported recipe: config problems, before any work
+        raise ConfigError(str(exc)) from exc
+    writer = trainer.writer
     t0 = time.perf_counter()
     try:
         summary.backend = trainer.backend.name
-        run_json = _run_json(cfg, trainer)
-        writer.write_run(run_json)
-        name = cfg.name or f"{cfg.recipe.name}-s{cfg.seed}"
-        with open_logger(
-            cfg.logger,
-            run_dir=run_dir,
-            name=name,
-            group=_sweep_group(run_dir),
-            job_type=cfg.recipe.name,
-            tags=[cfg.recipe.name, trainer.backend.name, variant(cfg)],
-            config=run_json["config"],
-        ) as logger:
-            run_json["wandb"] = logger.describe()
-            writer.write_run(run_json)
-            log.info(
-                "run dir %s  (backend=%s, recipe=%s, hardware=%s)",
-                run_dir,
-                trainer.backend.name,
-                cfg.recipe.name,
-                cfg.hardware.name,
-            )
-            trainer.fit(summary, logger)
-            trainer.finalize(summary)
-            summary.wall_time_s = time.perf_counter() - t0
-            logger.summary(asdict(summary))
+        writer.write_run({**_run_json(config, cfg, trainer), "wandb": logger.describe()})
+        log.info(
+            "run dir %s  (backend=%s, recipe=%s, hardware=%s)",
+            run_dir,
+            trainer.backend.name,
+            cfg.recipe.name,
+            cfg.hardware.name,
+        )
+        trainer.fit(summary)
+        trainer.finalize(summary)
+        summary.wall_time_s = time.perf_counter() - t0
+        logger.summary(asdict(summary))
     except BaseException as exc:  # noqa: BLE001 - the summary must say how the run ended, then re-raise
         summary.status = "preempted" if isinstance(exc, (Preempted, KeyboardInterrupt)) else "failed"
         summary.error = f"{type(exc).__name__}: {exc}"
@@ -340,7 +355,7 @@ def run(cfg: Config, run_dir: Path) -> Summary:
     return summary
 
 
-def _run_json(cfg: Config, trainer: Trainer) -> dict:
+def _run_json(config: dict, cfg: Config, trainer: Trainer) -> dict:
     prov = provenance(
         backend=trainer.backend.describe(),
         hardware=cfg.hardware.name,
@@ -355,11 +370,7 @@ def _run_json(cfg: Config, trainer: Trainer) -> dict:
         tokens_per_step=trainer.tokens_per_step,
         grad_accumulation=trainer.accum,
     )
-    return {
-        "config": OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True),
-        "provenance": prov,
-        "wandb": None,
-    }
+    return {"config": config, "provenance": prov, "wandb": None}
 
 
 def _sweep_group(run_dir: Path) -> str | None:

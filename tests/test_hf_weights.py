@@ -19,6 +19,7 @@ import torch
 
 from harness.backends import build_backend
 from harness.hf.weights import fuse_qkv, hf_to_lowp, load_into, lowp_to_hf, read_safetensors, split_qkv
+from harness.train import backend_spec
 from tests.helpers import compose_cfg
 
 transformers = pytest.importorskip("transformers")
@@ -59,7 +60,7 @@ def lowp_model(path, *overrides):
     cfg = compose_cfg(
         "model=hf", f"model.hf_config={path}", f"model.seq_length={T}", "backend=emulated", *overrides
     )
-    backend = build_backend(cfg, torch.device("cpu"))
+    backend = build_backend(backend_spec(cfg), torch.device("cpu"))
     return cfg, backend, backend.build_model()
 
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from harness.backends import build_backend
-from harness.config.validate import ConfigError, validate
-from harness.hardware import resolve_hardware
+from harness.config import prepare
+from harness.config.validate import ConfigError
 from harness.megatron import megatron_args
 from harness.model import count_params
+from harness.train import backend_spec
 from tests.helpers import compose_cfg
 
 PRESETS = ["llama3_tiny", "llama3_1b", "llama3_8b_slice", "qwen3_tiny", "qwen3_1b", "qwen3_8b_slice"]
@@ -31,13 +32,12 @@ def expected_params(m) -> int:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_presets_validate_and_count(preset):
     cfg = compose_cfg(f"model={preset}", "backend=emulated")
-    cfg.hardware = resolve_hardware(cfg.hardware)
-    validate(cfg)
+    prepare(cfg)
     m = cfg.model
     assert (m.normalization, m.activation, m.position_embedding) == ("RMSNorm", "swiglu", "rope")
     if not preset.endswith("tiny"):
         return  # the big shapes are counted on meta tensors below
-    model = build_backend(cfg, torch.device("cpu")).build_model()
+    model = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
     assert sum(p.numel() for p in model.parameters()) == expected_params(m)
 
 
@@ -59,11 +59,11 @@ def test_big_shapes_have_their_models_sizes(preset, layers, billions):
 
 def test_tied_head_is_the_embedding_and_counts_as_lm_head():
     cfg = compose_cfg("model=qwen3_tiny", "backend=emulated")
-    model = build_backend(cfg, torch.device("cpu")).build_model()
+    model = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
     assert model.lm_head.weight is model.wte.weight
     n = count_params(model)
     assert n["non_embedding"] == n["total"]  # the shared matrix is the LM head's GEMM: in 6*N
-    untied = build_backend(compose_cfg("model=llama3_tiny"), torch.device("cpu")).build_model()
+    untied = build_backend(backend_spec(compose_cfg("model=llama3_tiny")), torch.device("cpu")).build_model()
     nu = count_params(untied)
     assert nu["total"] - nu["non_embedding"] == untied.wte.weight.numel()
 
@@ -78,9 +78,8 @@ def test_tied_head_is_the_embedding_and_counts_as_lm_head():
 )
 def test_shape_errors_are_one_line(overrides, start):
     cfg = compose_cfg("model=llama3_tiny", *overrides)
-    cfg.hardware = resolve_hardware(cfg.hardware)
     with pytest.raises(ConfigError) as err:
-        validate(cfg)
+        prepare(cfg)
     assert str(err.value).startswith(start) and "\n" not in str(err.value), str(err.value)
     compose_cfg("model=llama3_tiny", "model.hidden_size=66", "model.kv_channels=16")  # kv_channels frees h
 
