@@ -24,6 +24,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from harness import artifacts as A
 from harness import metrics as M
 from harness import recipes
 from harness.artifacts import NullWriter, RunWriter, Summary, provenance, save_checkpoint
@@ -37,6 +38,7 @@ from harness.hardware import device_for
 from harness.loggers import NullLogger, open_logger
 from harness.memory import breakdown
 from harness.model import count_params, flops_per_token
+from harness.numerics import telemetry as T
 from harness.optim import clip_grad, lr_at, set_lr
 
 log = logging.getLogger("lowp")
@@ -154,11 +156,11 @@ class Trainer:
         return total, grad_norm, lr
 
     def _log_telemetry(self, step: int, rows: list[dict]) -> None:
-        self.writer.numerics([{"step": step + 1, **r} for r in rows])
+        self.writer.numerics([{M.STEP: step + 1, **r} for r in rows])
         flat = {M.STEP: step + 1, M.TOKENS: (step + 1) * self.tokens_per_step}
         for r in rows:
-            for stat in ("amax", "scale", "underflow", "saturation", "sqnr_db"):
-                flat[f"{M.NUMERICS}/{r['layer']}/{r['tensor']}/{stat}"] = r.get(stat)
+            for stat in T.STATS:
+                flat[f"{M.NUMERICS}/{r[T.LAYER]}/{r[T.TENSOR]}/{stat}"] = r.get(stat)
         self.writer.metrics(flat)
         self.logger.log(flat)
 
@@ -204,7 +206,7 @@ class Trainer:
                 loss, grad_norm, lr = self.train_step(step)
             except FloatingPointError as exc:  # e.g. FP8 optimizer states poisoned by an all-zero moment
                 summary.status, summary.diverged_step, summary.divergence_cause = (
-                    "diverged",
+                    A.DIVERGED,
                     step + 1,
                     str(exc),
                 )
@@ -222,7 +224,7 @@ class Trainer:
                 cause = M.divergence(row, self.metrics.first_loss)
                 if cause:
                     summary.status, summary.diverged_step, summary.divergence_cause = (
-                        "diverged",
+                        A.DIVERGED,
                         step + 1,
                         cause,
                     )
@@ -240,7 +242,7 @@ class Trainer:
         self._eval_row(cfg.steps - 1, summary)
         if cfg.checkpoint_interval >= 0:
             self.checkpoint(cfg.steps - 1)
-        summary.status = "completed"
+        summary.status = A.COMPLETED
         return summary
 
     def _eval_row(self, step: int, summary: Summary) -> None:
@@ -344,7 +346,7 @@ def _train(cfg: Config, run_dir: Path, summary: Summary, config: dict, logger) -
         summary.wall_time_s = time.perf_counter() - t0
         logger.summary(asdict(summary))
     except BaseException as exc:  # noqa: BLE001 - the summary must say how the run ended, then re-raise
-        summary.status = "preempted" if isinstance(exc, (Preempted, KeyboardInterrupt)) else "failed"
+        summary.status = A.PREEMPTED if isinstance(exc, (Preempted, KeyboardInterrupt)) else A.FAILED
         summary.error = f"{type(exc).__name__}: {exc}"
         log.error("run %s: %s\n%s", summary.status, summary.error, traceback.format_exc(limit=8))
         raise
