@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from harness import recipes
 from harness.config.schema import ModelConfig
 from harness.hf.weights import TE_BLOCK, lowp_to_hf
 
@@ -220,7 +221,9 @@ def quantization_config(fmt: str, group: int) -> dict | None:
     return None
 
 
-def export(run_dir: str, fmt: str, out: str, group_size: int | None = None) -> dict:
+def export(
+    run_dir: str, fmt: str, out: str, group_size: int | None = None, fp32_scales: bool | None = None
+) -> dict:
     """Write the checkpoint; returns a summary (format, tensors, bytes)."""
     if fmt not in FORMATS:
         raise ExportError(f"--format={fmt}: unknown; use one of {', '.join(FORMATS)}")
@@ -230,8 +233,8 @@ def export(run_dir: str, fmt: str, out: str, group_size: int | None = None) -> d
     hf_cfg, arch = hf_config(m, rd)
     recipe = cfg.get("recipe", {})
     group = group_size or recipe.get("int4_group_size", 128)
-    # blockwise scales follow the recipe's power_2_scales when the run was blockwise, else TE's default
-    power_2 = recipe.get("power_2_scales", True) if recipe.get("name") == "blockwise" else True
+    # the blockwise recipe's preset scales (power-of-two, TE's Float8BlockScaling default) unless asked
+    power_2 = recipes.default_fields("blockwise").power_2_scales if fp32_scales is None else not fp32_scales
     sd = lowp_to_hf(run_weights(rd), m)
     tensors = quantize_state(sd, fmt, power_2, group)
     hf_cfg.architectures = [arch]
@@ -255,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", default="hf", help="hf (BF16), hf-fp8 (128x128 E4M3) or hf-int4")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--group-size", type=int, default=None, help="hf-int4 group (default: the run's)")
+    p.add_argument("--fp32-scales", action="store_true", default=None, help="hf-fp8: scales not powers of 2")
     a = p.parse_args(argv)
     try:
-        res = export(a.run_dir, a.format, a.out, a.group_size)
+        res = export(a.run_dir, a.format, a.out, a.group_size, a.fp32_scales)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
