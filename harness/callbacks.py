@@ -38,6 +38,7 @@ class ValidateSweep(Callback):
 
         from harness.config import prepare
         from harness.config.schema import Config
+        from harness.config.store import to_config
         from harness.config.validate import ConfigError, check_known_keys
 
         loader = GlobalHydra.instance().config_loader()
@@ -50,7 +51,7 @@ class ValidateSweep(Callback):
             plain = OmegaConf.create({k: job_cfg[k] for k in job_cfg if k != "hydra"})
             try:
                 check_known_keys(plain)
-                cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
+                cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), plain))
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # each job prints its own warnings when it runs
                     prepare(cfg)

@@ -23,6 +23,7 @@ import textwrap
 
 from harness import recipes
 from harness.config.schema import Config, RecipeConfig
+from harness.megatron_arch import architecture_flags
 
 Flag = tuple[str, object]  # (flag, value); value None for a store_true flag
 Part = tuple[list[Flag], list[str]]  # (flags, `#` comment lines)
@@ -137,7 +138,7 @@ def model_flags(cfg: Config) -> Part:
             f"# model.lm_head_loss_chunks={m.lm_head_loss_chunks} has no Megatron flag: Megatron "
             "makes the whole logits (--cross-entropy-loss-fusion fuses the loss kernel only)"
         )
-    return flags, notes
+    return architecture_flags(m, flags), notes
 
 
 def nvte_env(cfg: Config) -> dict[str, str]:

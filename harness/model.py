@@ -56,12 +56,14 @@ class RMSNorm(nn.RMSNorm):
         return F.rms_norm(x, self.normalized_shape, bf16_values(self.weight), self.eps)
 
 
-def norm(cfg: ModelConfig, layer_norm: type[nn.LayerNorm] = LayerNorm) -> nn.Module:
-    """The model's norm (`layer_norm`: the LayerNorm class a backend uses)."""
+def norm(cfg: ModelConfig, layer_norm: type[nn.LayerNorm] = LayerNorm, dim: int | None = None) -> nn.Module:
+    """The model's norm over `dim` features (default the model width; QK norm: the head size);
+    `layer_norm`: the LayerNorm class a backend uses."""
+    dim = dim or cfg.hidden_size
     if cfg.normalization == "LayerNorm":
-        return layer_norm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        return layer_norm(dim, eps=cfg.layernorm_epsilon)
     if cfg.normalization == "RMSNorm":
-        return RMSNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        return RMSNorm(dim, eps=cfg.layernorm_epsilon)
     raise ValueError(f"model.normalization={cfg.normalization}: use LayerNorm or RMSNorm")
 
 
@@ -86,24 +88,43 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return y.to(q.dtype)
 
 
+def head_dims(cfg: ModelConfig) -> tuple[int, int, int]:
+    """(query heads H, key/value groups G, head size D): Megatron's num_query_groups, kv_channels."""
+    heads = cfg.num_attention_heads
+    return heads, cfg.num_query_groups or heads, cfg.kv_channels or cfg.hidden_size // heads
+
+
 class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads, optional QK norm (before RoPE, as Megatron's
+    qk_layernorm and Qwen3) and optional QKV-only bias (Megatron's add_qkv_bias, Qwen2)."""
+
     def __init__(self, cfg: ModelConfig, ops: Ops, prefix: str):
         super().__init__()
-        self.n_head = cfg.num_attention_heads
+        self.n_head, self.n_group, self.head_dim = H, G, D = head_dims(cfg)
         h = cfg.hidden_size
-        self.qkv = ops.linear(f"{prefix}.qkv", h, 3 * h, cfg.add_bias_linear)
-        self.proj = ops.linear(f"{prefix}.proj", h, h, cfg.add_bias_linear)
-        self.rope = cfg.position_embedding == "rope"
+        self.qkv = ops.linear(f"{prefix}.qkv", h, (H + 2 * G) * D, cfg.add_bias_linear or cfg.add_qkv_bias)
+        self.proj = ops.linear(f"{prefix}.proj", H * D, h, cfg.add_bias_linear)
+        # over each head (TE's q_norm/k_norm are plain te.RMSNorm/LayerNorm modules, not fused)
+        self.q_norm = norm(cfg, dim=D) if cfg.qk_layernorm else None
+        self.k_norm = norm(cfg, dim=D) if cfg.qk_layernorm else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        B, T, C = x.shape
-        qkv = self.qkv(x)  # (B, T, 3C), rows per head [q k v] as Megatron and TE lay them out
-        q, k, v = qkv.view(B, T, self.n_head, 3, C // self.n_head).permute(3, 0, 2, 1, 4)  # (B, H, T, D) each
+        B, T, _ = x.shape
+        H, G, D = self.n_head, self.n_group, self.head_dim
+        # rows per query group [its H/G queries, key, value], as Megatron and TE (interleaved) lay them
+        # out; with G == H this is [q k v] per head, the same views (and strides) as plain MHA
+        qkv = self.qkv(x).view(B, T, G, H // G + 2, D)
+        q = qkv[:, :, :, : H // G].reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k, v = qkv[:, :, :, H // G].transpose(1, 2), qkv[:, :, :, H // G + 1].transpose(1, 2)  # (B, G, T, D)
+        if self.q_norm is not None:  # in fp32 from the bf16 values, the output rounded (TE's RMSNorm)
+            q, k = self.q_norm(q.float()).to(q.dtype), self.k_norm(k.float()).to(k.dtype)
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])
+        if G != H:  # each group's key/value serves its H/G query heads
+            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
         y = causal_attention(q, k, v)  # (B, H, T, D)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.proj(y.transpose(1, 2).reshape(B, T, H * D))
 
 
 class MLP(nn.Module):
@@ -147,10 +168,13 @@ class GPT(nn.Module):
             blocks if blocks is not None else nn.ModuleList(Block(cfg, ops, i) for i in range(cfg.num_layers))
         )
         self.ln_f = ops.norm("ln_f", cfg)
-        # untied LM head; stays in high precision under every recipe (numerics.md section 1)
+        # the LM head stays in high precision under every recipe (numerics.md section 1); tied, it is
+        # the embedding matrix itself (one parameter, named wte.weight)
         self.lm_head = ops.linear("lm_head", cfg.hidden_size, cfg.vocab_size, False)
+        if not cfg.untie_embeddings_and_output_weights:
+            self.lm_head.weight = self.wte.weight
         if cfg.position_embedding == "rope":
-            cos, sin = rope_cache(cfg.seq_length, cfg.hidden_size // cfg.num_attention_heads)
+            cos, sin = rope_cache(cfg.seq_length, head_dims(cfg)[2], cfg.rotary_base)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
@@ -201,10 +225,16 @@ def _is_plain_block_param(name: str) -> bool:
 def count_params(model: nn.Module) -> dict[str, int]:
     """Parameter counts; `non_embedding` is N of the 6*N*tokens FLOP count (anchors.md)."""
     total = sum(p.numel() for p in model.parameters())
-    emb = sum(p.numel() for n, p in model.named_parameters() if n.startswith(("wte.", "wpe.")))
+    # a tied embedding is also the LM head, whose GEMM is in 6*N: only an untied one is left out
+    cfg = getattr(model, "cfg", None)
+    tied = cfg is not None and not cfg.untie_embeddings_and_output_weights
+    skip = ("wpe.",) if tied else ("wte.", "wpe.")
+    emb = sum(p.numel() for n, p in model.named_parameters() if n.startswith(skip))
     return {"total": total, "non_embedding": total - emb}
 
 
 def flops_per_token(cfg: ModelConfig, non_embedding_params: int) -> float:
-    """Model FLOPs per token: 6*N + causal attention 6*L*h*seq (anchors.md's count)."""
-    return 6 * non_embedding_params + 6 * cfg.num_layers * cfg.hidden_size * cfg.seq_length
+    """Model FLOPs per token: 6*N + causal attention 6*L*h*seq (anchors.md's count), h the width of
+    the attention (heads x head size: the model width unless kv_channels says otherwise)."""
+    heads, _, head_dim = head_dims(cfg)
+    return 6 * non_embedding_params + 6 * cfg.num_layers * heads * head_dim * cfg.seq_length

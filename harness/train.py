@@ -32,7 +32,7 @@ from harness.artifacts import NullWriter, RunWriter, Summary, provenance, restor
 from harness.backends import BackendSpec, build_backend, resolve_backend_name
 from harness.config import prepare
 from harness.config.schema import Config
-from harness.config.store import CONF_DIR, register
+from harness.config.store import CONF_DIR, register, to_config
 from harness.config.validate import ConfigError, ConfigWarning, check_known_keys
 from harness.data import build_data
 from harness.divergence import DivergenceMonitor
@@ -83,6 +83,14 @@ def backend_spec(cfg: Config) -> BackendSpec:
     )
 
 
+def init_weights(model: torch.nn.Module, path: str, model_cfg) -> dict:
+    """init_from: the model's weights from a Hugging Face checkpoint, before the optimizer copies
+    them into its masters."""
+    from harness.hf.weights import init_from_hf
+
+    return init_from_hf(model, path, model_cfg)
+
+
 class Trainer:
     """Owns one run's objects; `fit()` runs the loop and returns the summary.
 
@@ -109,6 +117,7 @@ class Trainer:
         self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
         self.backend = build_backend(backend_spec(cfg), self.device)
         self.model = self.backend.build_model()
+        self.init = init_weights(self.model, cfg.init_from, cfg.model) if cfg.init_from else None
         self.optimizer = self.backend.build_optimizer(self.model, cfg.optimizer)
         self.backend.prepare(self.model, self.optimizer)
         self.accum = cfg.global_batch_size // cfg.micro_batch_size
@@ -482,6 +491,7 @@ def _run_json(
         device=trainer.device,
     )
     prov.update(
+        init=trainer.init,
         params=trainer.params,
         flops_per_token=trainer.flops_per_token,
         tokens_per_step=trainer.tokens_per_step,
@@ -532,7 +542,7 @@ def main(dcfg: DictConfig) -> float | None:
     stop = StopRequest().install()
     try:
         check_known_keys(dcfg)
-        cfg: Config = OmegaConf.to_object(dcfg)
+        cfg: Config = to_config(dcfg)
         summary = run(cfg, run_dir, stop, R.resume_command(run_dir, list(hc.overrides.task)))
     except KeyboardInterrupt:
         print("error: interrupted twice; the last checkpoint is kept, restart to resume", file=sys.stderr)

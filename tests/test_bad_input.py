@@ -82,7 +82,7 @@ CONFIG_CASES = {
     "heads_divide": (["model.num_attention_heads=3"], ("model.hidden_size", "num_attention_heads")),
     "rope_odd_head": (
         ["model.position_embedding=rope", "model.hidden_size=24", "model.num_attention_heads=8"],
-        "even head dim",
+        "even head size",
     ),
     "layers_zero": (["model.num_layers=0"], "model.num_layers=0"),
     "loss_chunks": (["model.lm_head_loss_chunks=-1"], "model.lm_head_loss_chunks=-1"),

@@ -8,17 +8,20 @@ from omegaconf import OmegaConf
 from harness import recipes
 from harness.config import schema
 from harness.config.store import CONF_DIR, GROUPS, compose, load_preset, presets
-from tests.helpers import compose_cfg
+from tests.helpers import REPO, compose_cfg
 
+HF_TINY = REPO / "tests" / "assets" / "hf" / "llama_tiny"
 ALL_PRESETS = [(g, n) for g in GROUPS for n in presets(g)]
 
 
 @pytest.mark.parametrize("group,name", ALL_PRESETS)
 def test_every_group_preset_composes_typed(group, name):
-    cfg = compose([f"{group}={name}"])
+    # model=hf reads its shape from a config.json, and is named after it
+    extra = [f"model.hf_config={HF_TINY}"] if (group, name) == ("model", "hf") else []
+    cfg = compose([f"{group}={name}", *extra])
     obj = OmegaConf.to_object(cfg)
     assert isinstance(getattr(obj, group), GROUPS[group])
-    assert getattr(obj, group).name == name
+    assert getattr(obj, group).name == (f"hf:{HF_TINY.name}" if extra else name)
 
 
 @pytest.mark.parametrize("name", presets("experiment"))

@@ -20,7 +20,7 @@ from harness.backends.base import Backend, BackendSpec
 from harness.backends.te_env import set_nvte_env
 from harness.backends.te_recipe import build_te_recipe
 from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
-from harness.model import GPT, norm
+from harness.model import GPT, head_dims, norm
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 # te.TransformerLayer's GEMM weights (fuse_qkv_params=True), the ones INT4 QAT fake-quantizes
@@ -37,10 +37,17 @@ class TEBlock(nn.Module):
         import transformer_engine.pytorch as te
 
         std, out_std = m.init_method_std, m.init_method_std / math.sqrt(2 * m.num_layers)
+        heads, groups, head_dim = head_dims(m)
         self.layer = te.TransformerLayer(
             m.hidden_size,
             m.ffn_hidden_size,
-            m.num_attention_heads,
+            heads,
+            num_gqa_groups=groups,
+            kv_channels=head_dim,
+            # Megatron's qk_layernorm (and Qwen3) normalizes q and k before RoPE; TE's default is after
+            qk_norm_type=m.normalization if m.qk_layernorm else None,
+            qk_norm_eps=m.layernorm_epsilon,
+            qk_norm_before_rope=True,
             layernorm_epsilon=m.layernorm_epsilon,
             hidden_dropout=0.0,
             attention_dropout=0.0,
@@ -142,6 +149,11 @@ class TEBackend(Backend):
 
     def build_model(self) -> nn.Module:
         m, spec = self.spec.model, self.spec
+        if m.add_qkv_bias and not m.add_bias_linear:
+            raise ValueError(
+                "model.add_qkv_bias=true with backend=te: te.TransformerLayer has one bias flag for all "
+                "its linears, so a QKV-only bias (Qwen2) runs on backend=emulated only"
+            )
         fp8_param = spec.optimizer.fp8_param and self.recipe is not None
         with self.te.quantized_model_init(enabled=fp8_param, recipe=self.recipe):
             blocks = nn.ModuleList(
@@ -151,9 +163,11 @@ class TEBackend(Backend):
         model = TEGPT(m, TEOps(), blocks=blocks)
         model.rope_emb = None
         if m.position_embedding == "rope":
-            model.rope_emb = self.te.RotaryPositionEmbedding(m.hidden_size // m.num_attention_heads)
+            model.rope_emb = self.te.RotaryPositionEmbedding(head_dims(m)[2], rotary_base=m.rotary_base)
         for name, child in model.named_children():
-            if name != "blocks":
+            if name == "rope_emb":  # its inv_freq stays fp32, as in Megatron and HF (bf16 would blur it)
+                child.to(device=self.device)
+            elif name != "blocks":
                 child.to(device=self.device, dtype=torch.bfloat16)
         self._install_probes(model)
         self._model = model

@@ -30,11 +30,9 @@ from harness.config.schema import (  # noqa: F401
 
 def compose_config(overrides: list[str] | None = None) -> Config:
     """The typed Config for these overrides, as composed (nothing resolved or validated)."""
-    from omegaconf import OmegaConf
+    from harness.config.store import compose, to_config
 
-    from harness.config.store import compose
-
-    return OmegaConf.to_object(compose(list(overrides or [])))
+    return to_config(compose(list(overrides or [])))
 
 
 def resolve_overrides(cfg: Config) -> None:

@@ -185,6 +185,20 @@ class ModelConfig:
     """0: the LM head's logits are made whole, then the loss. N > 0: the LM head and the cross
     entropy run fused over N chunks of tokens and never hold the whole logits (Liger's fused
     linear cross entropy; saves several GiB at vocab 50k)."""
+    num_query_groups: int | None = None
+    """Grouped-query attention: key/value heads (--num-query-groups); null = num_attention_heads."""
+    kv_channels: int | None = None
+    """Head size (--kv-channels); null = hidden_size / num_attention_heads (Qwen3 sets its own)."""
+    rotary_base: float = 10000.0
+    """RoPE theta (--rotary-base; Llama 3: 500000, Qwen3: 1000000)."""
+    untie_embeddings_and_output_weights: bool = True
+    """false: the LM head reuses the embedding matrix (tied, as small Llama 3.2 / Qwen3 models)."""
+    qk_layernorm: bool = False
+    """Normalize each head's queries and keys before RoPE (--qk-layernorm; Qwen3), with `normalization`."""
+    add_qkv_bias: bool = False
+    """Bias on the QKV projection only (--add-qkv-bias; Qwen2)."""
+    hf_config: str | None = None
+    """model=hf: the Hugging Face config.json (or its directory) the shape is read from."""
 
 
 @dataclass
@@ -302,5 +316,8 @@ class Config:
     """Steps excluded from throughput and peak memory."""
     dtype: str = "bf16"
     """Activation/compute dtype."""
+    init_from: str | None = None
+    """A Hugging Face safetensors checkpoint (file or directory, sharded or not) the model starts
+    from instead of its random init; its config.json is read with model=hf model.hf_config=."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Free-form tags recorded with the run (not used by the harness)."""

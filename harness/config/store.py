@@ -23,6 +23,12 @@ GROUPS = {
 
 
 def register() -> None:
+    from omegaconf import OmegaConf
+
+    from harness.hf.config import hf_field
+
+    # model=hf: the fields of conf/model/hf.yaml read from a Hugging Face config.json
+    OmegaConf.register_new_resolver("hf", hf_field, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=schema.Config)
     for group, node in GROUPS.items():
@@ -39,6 +45,25 @@ def compose(overrides: list[str] | None = None, config_name: str = "config"):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=list(overrides or []))
+
+
+def to_config(dcfg):
+    """OmegaConf.to_object of a composed tree; a ConfigError that a resolver raised (model=hf's
+    reading of a config.json) comes out as itself, not wrapped in OmegaConf's multi-line error."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    from harness.config.validate import ConfigError
+
+    try:
+        return OmegaConf.to_object(dcfg)
+    except InterpolationResolutionError as exc:
+        cause = exc
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise cause from None
 
 
 def presets(group: str) -> list[str]:

@@ -87,11 +87,35 @@ def uses_te(cfg: Config) -> bool:
 def _quantized_dims(cfg: Config) -> dict[str, int]:
     m = cfg.model
     f = m.ffn_hidden_size
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    head_dim = m.kv_channels or m.hidden_size // heads
     return {
         "model.hidden_size": m.hidden_size,
         "model.ffn_hidden_size": f,
+        "model.kv_channels*num_attention_heads": heads * head_dim,
+        "(num_attention_heads+2*num_query_groups)*kv_channels": (heads + 2 * groups) * head_dim,
         "micro_batch_size*model.seq_length": cfg.micro_batch_size * m.seq_length,
     }
+
+
+def _attention_errors(m: schema.ModelConfig) -> list[str]:
+    """Heads, query groups (GQA) and head size (kv_channels) that make an attention layer."""
+    if m.kv_channels is None and m.hidden_size % m.num_attention_heads != 0:
+        return [
+            f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
+            f"{m.num_attention_heads}: change one of them (or set model.kv_channels)"
+        ]
+    groups, head_dim = m.num_query_groups, m.kv_channels or m.hidden_size // m.num_attention_heads
+    if groups is not None and (groups < 1 or m.num_attention_heads % groups):
+        return [
+            f"model.num_query_groups={groups}: must divide model.num_attention_heads="
+            f"{m.num_attention_heads} (each key/value head serves a whole group of query heads)"
+        ]
+    if m.kv_channels is not None and m.kv_channels < 1:
+        return [f"model.kv_channels={m.kv_channels}: must be >= 1 (or null for hidden/heads)"]
+    if m.position_embedding == "rope" and head_dim % 2:
+        return [f"model.position_embedding=rope needs an even head size, not {head_dim} (model.kv_channels)"]
+    return []
 
 
 def _name_errors(cfg: Config) -> list[str]:
@@ -232,14 +256,7 @@ def _size_errors(cfg: Config) -> list[str]:
 
 
 def _shape_errors(cfg: Config) -> list[str]:
-    errs, m = [], cfg.model
-    if m.hidden_size % m.num_attention_heads != 0:
-        errs.append(
-            f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
-            f"{m.num_attention_heads}: change one of them"
-        )
-    if m.position_embedding == "rope" and (m.hidden_size // max(m.num_attention_heads, 1)) % 2:
-        errs.append("model.position_embedding=rope needs an even head dim (hidden_size/num_attention_heads)")
+    errs = _attention_errors(cfg.model)
     if cfg.steps < 1:
         errs.append(f"steps={cfg.steps}: must be >= 1")
     return errs
@@ -463,9 +480,10 @@ def check_known_keys(dcfg) -> None:
 
 def validate(cfg: Config, *, for_export: bool = False) -> list[str]:
     """Raise ConfigError on the first problem; return (and emit) the warnings."""
-    errs = legality_errors(cfg) + reference_errors(cfg)  # then what Megatron-LM and TE refuse
+    errs = legality_errors(cfg)
     if not errs:
-        errs += run_errors(cfg)
+        errs += run_errors(cfg)  # out-of-range numbers before the rules that compare them
+    errs += reference_errors(cfg)  # then what Megatron-LM and TE refuse
     if not for_export:
         errs += support_errors(cfg)
     if errs:

@@ -44,6 +44,13 @@ def build_data(cfg: DataConfig, *, vocab_size: int, seq_length: int) -> TokenDat
     source_vocab = cfg.vocab_size if cfg.vocab_size is not None else vocab_size
     data = SOURCES[cfg.name](cfg, source_vocab, seq_length)
     if data.vocab_size > vocab_size:
+        if "tokenizer" in data.facts:  # the tokenizer's vocabulary: only a larger embedding fits it
+            raise config_error(
+                f"model.vocab_size={vocab_size}",
+                f"smaller than the vocabulary of the data's tokenizer ({data.vocab_size}, "
+                f"{data.facts['tokenizer']})",
+                f"set model.vocab_size>={data.vocab_size} (Megatron pads it to a multiple of 128)",
+            )
         raise config_error(
             f"data.vocab_size={data.vocab_size} ({data.facts.get('vocab_source', cfg.name)})",
             f"does not fit model.vocab_size={vocab_size}",

@@ -9,6 +9,7 @@ Without `data.vocab_size` the vocabulary is max token id + 1, found by one chunk
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 
@@ -69,11 +70,35 @@ def scan_vocab(arrays: list[np.ndarray], option: str) -> int:
     return hi + 1
 
 
-def _stream_data(cfg, name, seq_length, train, eval, option, digests, facts) -> StreamData:
-    """Shared tail of memmap and megatron: vocabulary, fingerprint, describe() facts."""
+def read_manifest(path: str) -> dict | None:
+    """The JSON manifest harness.data.prepare writes beside its outputs (PREFIX.json for a Megatron
+    prefix, meta.json in a nanoGPT directory), or None: files from elsewhere have none."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as fh:
+        try:
+            man = json.load(fh)
+        except json.JSONDecodeError:
+            return None  # nanoGPT's own meta files are pickles; anything not ours is ignored
+    return man if isinstance(man, dict) and "manifest_version" in man and "vocab_size" in man else None
+
+
+def _stream_data(cfg, name, seq_length, train, eval, option, digests, facts, manifest=None) -> StreamData:
+    """Shared tail of memmap and megatron: vocabulary, fingerprint, describe() facts. A prepare
+    manifest's vocabulary is the tokenizer's, so the model is checked against that, not the ids seen."""
     declared = cfg.vocab_size is not None
     parts = [train] if eval is None else [train, eval]
-    vocab = cfg.vocab_size if declared else scan_vocab(parts, option)
+    if declared:
+        vocab, source = cfg.vocab_size, "data.vocab_size"
+    elif manifest is not None:
+        vocab, source = int(manifest["vocab_size"]), f"the tokenizer's, {manifest['tokenizer']}"
+        facts = {
+            **facts,
+            "tokenizer": manifest["tokenizer"],
+            "prepared_fingerprint": manifest.get("fingerprint"),
+        }
+    else:
+        vocab, source = scan_vocab(parts, option), "max token id + 1"
     methods = sorted({method for _, method in digests})
     # Content, not location: moving the files keeps the fingerprint.
     params = {
@@ -92,10 +117,10 @@ def _stream_data(cfg, name, seq_length, train, eval, option, digests, facts) -> 
         split_option=option,
         facts={
             **facts,
-            "vocab_source": "data.vocab_size" if declared else "max token id + 1",
+            "vocab_source": source,
             "fingerprint_method": methods[0] if len(methods) == 1 else methods,
         },
-        check_tokens=declared,
+        check_tokens=declared or manifest is not None,
     )
 
 
@@ -119,6 +144,13 @@ def build_memmap(cfg: DataConfig, vocab_size: int, seq_length: int) -> StreamDat
             )
     else:
         train_path = path
+    manifest = read_manifest(os.path.join(path, "meta.json")) if os.path.isdir(path) else None
+    if manifest is not None and manifest.get("token_dtype", cfg.token_dtype) != cfg.token_dtype:
+        raise config_error(
+            f"data.token_dtype={cfg.token_dtype}",
+            f"{os.path.join(cfg.path, 'meta.json')} says the tokens are {manifest['token_dtype']}",
+            f"set data.token_dtype={manifest['token_dtype']}",
+        )
     tokens = open_tokens(train_path, dtype, "data.path")
     eval_path = os.path.expanduser(cfg.eval_path) if cfg.eval_path else None
     if eval_path is None and os.path.isdir(path) and os.path.isfile(os.path.join(path, "val.bin")):
@@ -135,7 +167,8 @@ def build_memmap(cfg: DataConfig, vocab_size: int, seq_length: int) -> StreamDat
         eval_source = f"last {cfg.eval_fraction} of {train_path}" if eval is not None else None
     digests = [file_fingerprint(train_path)] + ([file_fingerprint(eval_path)] if eval_path else [])
     facts = {"path": train_path, "eval_split": eval_source, "token_dtype": cfg.token_dtype}
-    return _stream_data(cfg, "memmap", seq_length, train, eval, f"data.path={cfg.path}", digests, facts)
+    option = f"data.path={cfg.path}"
+    return _stream_data(cfg, "memmap", seq_length, train, eval, option, digests, facts, manifest)
 
 
 def read_megatron_index(idx_path: str, option: str) -> dict:
@@ -219,4 +252,5 @@ def build_megatron(cfg: DataConfig, vocab_size: int, seq_length: int) -> StreamD
         train, eval = tokens, None
         facts["eval_split"] = None
     facts["token_dtype"] = np.dtype(index["dtype"]).name
-    return _stream_data(cfg, "megatron", seq_length, train, eval, option, digests, facts)
+    manifest = read_manifest(prefix + ".json")
+    return _stream_data(cfg, "megatron", seq_length, train, eval, option, digests, facts, manifest)

@@ -1,0 +1,1 @@
+"""Hugging Face interop: configs in (config.py), safetensors weights in and out (weights.py)."""

@@ -1,0 +1,107 @@
+"""model=hf: Hugging Face config.json files (written by transformers itself) into ModelConfig, and
+every field lowp does not implement refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.config.validate import ConfigError
+from tests.helpers import compose_cfg, run_cli
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(
+    hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, vocab_size=300
+)
+
+
+def save(tmp_path, cls: str, **kw) -> str:
+    """config.json as transformers' save_pretrained writes it (this install's version)."""
+    config = getattr(transformers, cls)(**{**SMALL, **kw})
+    out = tmp_path / cls
+    config.save_pretrained(out)
+    return str(out)
+
+
+def model_of(path: str, *overrides: str):
+    return compose_cfg("model=hf", f"model.hf_config={path}", *overrides).model
+
+
+def test_llama_gqa_untied(tmp_path):
+    m = model_of(save(tmp_path, "LlamaConfig", num_key_value_heads=2, rope_theta=500000.0))
+    assert (m.name, m.num_layers, m.hidden_size, m.num_attention_heads) == ("hf:LlamaConfig", 2, 64, 4)
+    assert (m.num_query_groups, m.kv_channels, m.ffn_hidden_size, m.vocab_size) == (2, 16, 160, 300)
+    assert (m.normalization, m.activation, m.position_embedding) == ("RMSNorm", "swiglu", "rope")
+    assert m.rotary_base == 500000.0 and m.layernorm_epsilon == 1e-6
+    assert m.untie_embeddings_and_output_weights and not m.qk_layernorm
+    assert not m.add_bias_linear and not m.add_qkv_bias
+    assert m.seq_length == 2048  # max_position_embeddings, capped at 4096
+
+
+def test_qwen3_head_dim_qk_norm_tied_and_qwen2_qkv_bias(tmp_path):
+    q3 = model_of(save(tmp_path, "Qwen3Config", head_dim=32, num_key_value_heads=1, tie_word_embeddings=True))
+    assert (q3.kv_channels, q3.num_query_groups, q3.qk_layernorm) == (32, 1, True)
+    assert not q3.untie_embeddings_and_output_weights and q3.seq_length == 4096
+    q2 = model_of(save(tmp_path, "Qwen2Config"))
+    assert (q2.add_qkv_bias, q2.add_bias_linear, q2.qk_layernorm, q2.kv_channels) == (True, False, False, 16)
+    mistral = model_of(save(tmp_path, "MistralConfig", sliding_window=None))
+    assert mistral.name == "hf:MistralConfig" and mistral.num_query_groups == 8
+
+
+def test_overrides_win_and_the_directory_or_the_file_both_work(tmp_path):
+    path = save(tmp_path, "LlamaConfig")
+    m = model_of(path + "/config.json", "model.num_layers=1", "model.seq_length=64")
+    assert (m.num_layers, m.seq_length, m.hidden_size) == (1, 64, 64)
+
+
+def test_legacy_rope_fields(tmp_path):
+    raw = json.loads(open(save(tmp_path, "LlamaConfig") + "/config.json").read())
+    raw.pop("rope_parameters")
+    raw.update(rope_theta=1e6, rope_scaling=None)
+    (tmp_path / "old.json").write_text(json.dumps(raw))
+    assert model_of(str(tmp_path / "old.json")).rotary_base == 1e6
+
+
+REFUSED = [
+    ("Qwen3MoeConfig", {}, "model_type='qwen3_moe' is not supported (mixture-of-experts"),
+    ("MixtralConfig", {}, "model_type='mixtral' is not supported"),
+    ("MistralConfig", {"sliding_window": 4096}, "sliding_window=4096: sliding-window attention"),
+    ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 64}, "sliding_window=64: sliding"),
+    ("LlamaConfig", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("LlamaConfig", {"attention_bias": True}, "attention_bias=True with mlp_bias=False"),
+    ("LlamaConfig", {"attention_dropout": 0.1}, "attention_dropout=0.1"),
+    ("LlamaConfig", {"pretraining_tp": 2}, "pretraining_tp=2"),
+    (
+        "LlamaConfig",
+        {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        "RoPE scaling rope_type='linear' is not implemented",
+    ),
+    ("LlamaConfig", {"some_new_knob": 3}, "field 'some_new_knob' is not known to lowp"),
+]
+
+
+@pytest.mark.parametrize("cls,kw,needle", REFUSED, ids=[n[:24] for _, _, n in REFUSED])
+def test_unsupported_fields_are_refused_in_one_line(tmp_path, cls, kw, needle):
+    path = save(tmp_path, cls, **kw)
+    if cls == "LlamaConfig" and "some_new_knob" in kw:  # save_pretrained keeps unknown kwargs
+        assert "some_new_knob" in open(path + "/config.json").read()
+    with pytest.raises(ConfigError) as err:
+        from harness.config.store import compose, to_config
+
+        to_config(compose(["model=hf", f"model.hf_config={path}"]))
+    msg = str(err.value)
+    assert msg.startswith(f"model.hf_config={path}: ") and needle in msg and "\n" not in msg, msg
+
+
+def test_cli_exit_code_2_and_one_line(tmp_path):
+    bad = save(tmp_path, "MistralConfig", sliding_window=4096)
+    res = run_cli(["-m", "harness.train", "model=hf", f"model.hf_config={bad}", "logger=none", "steps=1"])
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"error: model.hf_config={bad}: sliding_window=4096"), res.stderr[-2000:]
+    res = run_cli(["-m", "harness.train", "model=hf", "logger=none", "steps=1"])
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        "error: model.hf_config: not set; model=hf needs model.hf_config=/path/to/config.json"
+    )
