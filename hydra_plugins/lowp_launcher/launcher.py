@@ -1,0 +1,297 @@
+"""lowp's Hydra launchers on submitit: hydra/launcher=lowp_local (N at a time here) and lowp_slurm.
+
+What the stock hydra-submitit-launcher does not: every job is submitted on its own, named
+`lowp:<sweep>:<run>` (the run directory's name), so `squeue` says what runs; the driver polls all jobs
+at once and shows live progress instead of waiting on them in order; a failed, diverged or killed job
+never stops the sweep, and each job's outcome is read from its run directory (summary.json), since a
+job killed by Slurm leaves no result behind. Each job's own log stays in its run directory and in the
+submitit folder; the terminal gets one status line and one line per finished job.
+
+Requeue protocol on Slurm (submitit's): the job is started with `--signal=USR2@signal_delay_s`. The
+training loop turns SIGUSR2/SIGTERM into a checkpoint at the next step boundary and
+`status: preempted`. After a USR2 stop, this launcher lets submitit requeue the job (the pickled
+submission is refreshed; time-limit stops count against `max_num_timeout`, preemptions do not). After
+a SIGTERM stop (`scontrol requeue`, preemption, scancel) Slurm decides: the job exits without a result,
+so the driver keeps waiting while Slurm requeues it, or sees it cancelled. A requeued job runs the same
+overrides in the same run directory and resumes from its checkpoint.
+"""
+
+# no `from __future__ import annotations`: Hydra imports plugin modules outside sys.modules (dataclasses)
+
+import logging
+import re
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+LOWP_KEYS = ("sweep_name", "max_parallel", "poll_s")
+INIT_KEYS = ("submitit_folder", "max_num_timeout")
+SHARED_KEYS = (
+    "timeout_min",
+    "cpus_per_task",
+    "gpus_per_node",
+    "tasks_per_node",
+    "mem_gb",
+    "nodes",
+    "stderr_to_stdout",
+    "name",
+)
+QUEUED = {
+    "PENDING",
+    "REQUEUED",
+    "CONFIGURING",
+    "UNKNOWN",
+    "READY",
+    "SUSPENDED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+}
+
+
+@dataclass
+class Planned:
+    num: int
+    overrides: list[str]
+    run_dir: Path
+    name: str
+    job: Any = None
+    started: bool = False
+    finished: bool = False
+
+
+def stop_signal(summary: dict | None) -> str | None:
+    """The signal that stopped a preempted run, from its summary (`SIGUSR2`, `SIGTERM`, ...)."""
+    s = summary or {}
+    text = " ".join(str(s.get(k) or "") for k in ("signal", "stop_signal", "error", "preempted_by"))
+    m = re.search(r"SIG[A-Z0-9]+", text)
+    if m:
+        return m.group(0)
+    m = re.search(r"signal (\d+)", text)
+    if m:
+        try:
+            return signal.Signals(int(m.group(1))).name
+        except ValueError:
+            return None
+    return None
+
+
+class LowpLauncher(Launcher):
+    _EXECUTOR = "abstract"
+
+    def __init__(self, **params: Any) -> None:
+        params = {
+            k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+            for k, v in params.items()
+        }
+        self.lowp = {k: params.pop(k) for k in LOWP_KEYS if k in params}
+        self.params = params
+        self.config: DictConfig | None = None
+        self.hydra_context = None
+        self.task_function = None
+
+    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    # -- in the job (on the node) ------------------------------------------------------------------
+    def __call__(self, sweep_overrides, job_dir_key, job_num, job_id, singleton_state) -> JobReturn:
+        import submitit
+
+        t_start = time.time()
+        Singleton.set_state(singleton_state)
+        setup_globals()
+        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(sweep_overrides))
+        with open_dict(sweep_config.hydra.job) as job:
+            job.id = submitit.JobEnvironment().job_id
+            job.num = job_num
+        run_dir = _run_dir(sweep_config)
+        stopped: BaseException | None = None
+        ret = None
+        try:
+            ret = run_job(
+                hydra_context=self.hydra_context,
+                task_function=self.task_function,
+                config=sweep_config,
+                job_dir_key=job_dir_key,
+                job_subdir_key="hydra.sweep.subdir",
+            )
+        except (SystemExit, KeyboardInterrupt) as exc:  # a preempted run exits so that it can be requeued
+            stopped = exc
+        self._after_run(run_dir, t_start, stopped)
+        return ret
+
+    def _after_run(self, run_dir: Path, t_start: float, stopped: BaseException | None) -> None:
+        from harness.progress import read_summary
+
+        summary = read_summary(run_dir)
+        if self._EXECUTOR == "slurm" and (summary or {}).get("status") == "preempted":
+            sig = stop_signal(summary)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # scontrol requeue below signals this job too
+            if sig != "SIGTERM":
+                _submitit_requeue(t_start)  # exits
+            # SIGTERM: Slurm requeues (or cancels) the job itself; no result, so the driver keeps waiting
+            raise SystemExit(143)
+        if stopped is not None:
+            raise stopped
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """submitit's requeue hook: resubmit the same job (its run resumes from its own checkpoint)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+    # -- in the driver -----------------------------------------------------------------------------
+    def _executor(self):
+        import submitit
+
+        init = {"folder": self.params["submitit_folder"]}
+        if "max_num_timeout" in self.params:
+            init[f"{self._EXECUTOR}_max_num_timeout"] = self.params["max_num_timeout"]
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
+        params = {
+            k if k in SHARED_KEYS else f"{self._EXECUTOR}_{k}": v
+            for k, v in self.params.items()
+            if k not in INIT_KEYS and v is not None
+        }
+        executor.update_parameters(**params)
+        return executor
+
+    def _plan(self, job_overrides) -> list[Planned]:
+        saved = HydraConfig.instance().cfg
+        plans = []
+        try:
+            for num, overrides in enumerate(job_overrides):
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                with open_dict(cfg.hydra.job):
+                    cfg.hydra.job.num = num
+                run_dir = _run_dir(cfg)
+                plans.append(Planned(num, list(overrides), run_dir, run_dir.name))
+        finally:
+            HydraConfig.instance().cfg = saved
+        return plans
+
+    def sweep_name(self) -> str:
+        """The launcher's sweep_name, else the name harness.sweep wrote in jobs.yaml, else the dir's name."""
+        if self.lowp.get("sweep_name"):
+            return self.lowp["sweep_name"]
+        jobs_file = OmegaConf.select(self.config, "hydra.sweeper.jobs_file")
+        if jobs_file and Path(jobs_file).exists():
+            return str(OmegaConf.load(jobs_file).get("sweep") or Path(jobs_file).parent.name)
+        return Path(str(self.config.hydra.sweep.dir)).name
+
+    def launch(self, job_overrides, initial_job_idx: int) -> list[JobReturn]:
+        from harness.progress import SweepProgress
+
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        plans = self._plan(job_overrides)
+        for p in plans:
+            p.num += initial_job_idx
+        executor = self._executor()
+        pending, active = deque(plans), []
+        limit = int(self.lowp.get("max_parallel") or 0)
+        poll = float(self.lowp.get("poll_s") or 1.0)
+        with SweepProgress(self.sweep_name(), len(plans)) as progress:
+            while pending or active:
+                while pending and (limit <= 0 or len(active) < limit):
+                    active.append(self._submit(executor, pending.popleft()))
+                self._refresh(active)
+                for p in [p for p in active if self._done(p)]:
+                    active.remove(p)
+                    p.finished = True
+                    progress.finished(p.name, _summary(p), _job_error(p))
+                running = sum(self._state(p) not in QUEUED for p in active)
+                progress.update(running=running, queued=len(pending) + len(active) - running)
+                if pending or active:
+                    time.sleep(poll)
+        return [self._job_return(p) for p in plans]
+
+    def _submit(self, executor, p: Planned) -> Planned:
+        executor.update_parameters(name=f"lowp:{self.sweep_name()}:{p.name}")
+        p.job = executor.submit(
+            self, p.overrides, "hydra.sweep.dir", p.num, f"job_id_for_{p.num}", Singleton.get_state()
+        )
+        log.debug("submitted %s as %s", p.name, p.job.job_id)
+        return p
+
+    def _refresh(self, active: list[Planned]) -> None:
+        if active and self._EXECUTOR == "slurm":
+            active[0].job.watcher.update()  # one sacct call for every job of the sweep
+
+    def _state(self, p: Planned) -> str:
+        if self._EXECUTOR != "slurm":
+            return p.job.state.upper()  # a local process: running from its start
+        return p.job.watcher.get_state(p.job.job_id, mode="cache").upper().split(" ")[0]
+
+    def _done(self, p: Planned) -> bool:
+        if p.job.paths.result_pickle.exists():
+            return True
+        if self._EXECUTOR == "slurm":
+            return p.job.watcher.is_done(p.job.job_id, mode="cache")
+        return p.job.done()
+
+    def _job_return(self, p: Planned) -> JobReturn:
+        summary = _summary(p) or {}
+        # every job counts as launched: its outcome is in its run directory, the sweep goes on
+        return JobReturn(
+            overrides=p.overrides,
+            working_dir=str(p.run_dir),
+            task_name=p.name,
+            status=JobStatus.COMPLETED,
+            _return_value=summary.get("status", "missing"),
+        )
+
+
+class LowpLocalLauncher(LowpLauncher):
+    _EXECUTOR = "local"
+
+
+class LowpSlurmLauncher(LowpLauncher):
+    _EXECUTOR = "slurm"
+
+
+def _run_dir(cfg: DictConfig) -> Path:
+    """The job's run directory, resolved the way Hydra's run_job will (hydra:job.num etc.)."""
+    HydraConfig.instance().set_config(cfg)
+    return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+
+
+def _summary(p: Planned) -> dict | None:
+    from harness.progress import read_summary
+
+    return read_summary(p.run_dir)
+
+
+def _job_error(p: Planned) -> str:
+    """One line on why a job has no summary (killed before writing one, unpicklable result...)."""
+    try:
+        p.job.result()
+    except Exception as exc:  # noqa: BLE001 - reported, never raised: other jobs go on
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+    return ""
+
+
+def _submitit_requeue(t_start: float) -> None:
+    """submitit's own USR2 path: refresh the pickled submission, count a timeout, scontrol requeue, exit."""
+    import submitit
+    from submitit.core.job_environment import SignalHandler
+    from submitit.core.utils import DelayedSubmission
+
+    env = submitit.JobEnvironment()
+    paths = env.paths
+    handler = SignalHandler(env, paths, DelayedSubmission.load(paths.submitted_pickle))
+    handler._start_time = t_start  # time-limit vs preemption is judged on the job's real run time
+    handler.checkpoint_and_try_requeue(signal.SIGUSR2)
+    sys.exit(-1)
