@@ -3,8 +3,10 @@
 run.json         resolved config + provenance + W&B id (written when the run starts)
 metrics.jsonl    one object per logged step (metric keys of harness.metrics)
 numerics.jsonl   telemetry rows (step, layer, tensor, amax, scale, underflow, saturation, sqnr_db)
-summary.json     written atomically at the end, also on failure
-checkpoints/     the latest checkpoint (weights, optimizer, schedule, RNG, data position, scales)
+summary.json     written atomically at the end, also on failure, preemption and divergence
+error.txt        a failed run's error and traceback
+checkpoints/     the newest checkpoints (harness.checkpoint: weights, optimizer, schedule, every RNG,
+                 data position, scale state); a run started on this directory resumes from them
 """
 
 from __future__ import annotations
@@ -131,10 +133,12 @@ class Summary:
 class RunWriter:
     """Appends metric/telemetry rows (flushed per row, so a crash loses nothing already logged)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, append: bool = False):
+        """append: a resumed run continues its files (already cut back to the checkpoint's step)."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(self.dir / "metrics.jsonl", "w")  # a fresh run starts fresh files
+        self.mode = "a" if append else "w"  # a fresh run starts fresh files
+        self._metrics = open(self.dir / "metrics.jsonl", self.mode)
         self._numerics = None
 
     def write_run(self, run: dict) -> None:
@@ -146,12 +150,15 @@ class RunWriter:
 
     def numerics(self, rows: list[dict]) -> None:
         if self._numerics is None:
-            self._numerics = open(self.dir / "numerics.jsonl", "w")
+            self._numerics = open(self.dir / "numerics.jsonl", self.mode)
         self._numerics.write("".join(dumps(r) + "\n" for r in rows))
         self._numerics.flush()
 
     def summary(self, summary: Summary) -> None:
         write_json_atomic(self.dir / "summary.json", dataclasses.asdict(summary))
+
+    def error(self, text: str) -> None:
+        (self.dir / "error.txt").write_text(text)
 
     def close(self) -> None:
         self._metrics.close()
@@ -168,12 +175,13 @@ def rng_state() -> dict:
     return state
 
 
-def save_checkpoint(run_dir: Path, state: dict) -> Path:
-    """checkpoints/latest.pt, written to a temp file and renamed (never a half-written latest)."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
-    ckpt_dir.mkdir(exist_ok=True)
-    path = ckpt_dir / "latest.pt"
-    tmp = ckpt_dir / ".latest.pt.tmp"
-    torch.save({**state, "rng": rng_state()}, tmp)
-    os.replace(tmp, path)
-    return path
+def restore_rng(state: dict) -> None:
+    """The inverse of rng_state (checkpoints hold it as JSON lists and tensors)."""
+    import numpy as np
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state(tuple(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(state["cuda"]))

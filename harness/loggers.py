@@ -27,6 +27,9 @@ class NullLogger:
     def describe(self) -> dict | None:
         return None
 
+    def mark_preempting(self) -> None:
+        pass
+
 
 class WandbLogger:
     def __init__(self, run):
@@ -42,6 +45,10 @@ class WandbLogger:
         for k, v in summary.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 self.run.summary[k] = v
+
+    def mark_preempting(self) -> None:
+        """W&B shows the run as preempted (not crashed); the resumed attempt continues it."""
+        self.run.mark_preempting()
 
     def describe(self) -> dict:
         return {
@@ -64,8 +71,11 @@ def open_logger(
     job_type: str,
     tags: list[str],
     config: dict,
+    run_id: str | None = None,
 ):
-    """Yield a logger; the W&B run is finished when the block exits (also on failure)."""
+    """Yield a logger; the W&B run is finished when the block exits (also on failure).
+
+    `run_id`: a resumed run's W&B id (kept in run.json): the same W&B run continues (resume="allow")."""
     if cfg.name == "none" or cfg.wandb.mode == "disabled":
         yield NullLogger()
         return
@@ -84,6 +94,8 @@ def open_logger(
         dir=str(run_dir),
         mode=w.mode,
         reinit="finish_previous",
+        id=run_id,
+        resume="allow" if run_id else None,
     )
     logging.getLogger("lowp").info("W&B %s run %s in %s", w.mode, run.id, run.dir)
     exit_code = 1
@@ -91,4 +103,8 @@ def open_logger(
         yield WandbLogger(run)
         exit_code = 0
     finally:
-        run.finish(exit_code=exit_code)
+        try:
+            run.finish(exit_code=exit_code)
+        except Exception as exc:  # noqa: BLE001 - e.g. its service process took the same SIGTERM
+            # the run's own files are complete; W&B's shutdown must not turn a clean stop into a failure
+            logging.getLogger("lowp").warning("W&B run %s did not finish cleanly: %s", run.id, exc)

@@ -72,6 +72,15 @@ class StepTimer:
         timed = warm or list(steady.values())
         return statistics.median(timed) if timed else None
 
+    def state_dict(self) -> dict:
+        """Step times so far: a resumed run's median spans all its attempts."""
+        self.collect()
+        return {"times_ms": dict(self.times_ms), "cold": sorted(self.cold)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.times_ms = {int(k): v for k, v in state["times_ms"].items()}
+        self.cold = set(state["cold"])
+
 
 class MetricsProcessor:
     """Accumulates per-step tensors on device; emits one row per log step."""
@@ -94,6 +103,25 @@ class MetricsProcessor:
         self._losses: list[torch.Tensor] = []
         self._last: dict = {}
         self.first_loss: float | None = None
+
+    def state_dict(self) -> dict:
+        """What the next logged row depends on: the losses since the last row, the last step's lr and
+        gradient norm, the first logged loss, and the step times."""
+        norm = self._last.get("grad_norm")
+        return {
+            "losses": torch.stack(self._losses).cpu() if self._losses else None,
+            "last": {**self._last, "grad_norm": None if norm is None else norm.cpu()},
+            "first_loss": self.first_loss,
+            "timer": self.timer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        losses = state["losses"]
+        self._losses = [] if losses is None else list(losses.to(self.device).unbind())
+        norm = state["last"].get("grad_norm")
+        self._last = {**state["last"], "grad_norm": None if norm is None else norm.to(self.device)}
+        self.first_loss = state["first_loss"]
+        self.timer.load_state_dict(state["timer"])
 
     def should_log(self, step: int, last_step: int) -> bool:
         return (step + 1) % self.log_interval == 0 or step == last_step or step == 0
@@ -128,15 +156,3 @@ class MetricsProcessor:
         if self.device.type == "cuda":
             row[PEAK_MEM_GIB] = torch.cuda.max_memory_allocated() / 2**30
         return row
-
-
-def divergence(row: dict, first_loss: float | None) -> str | None:
-    """Cause if the run diverged at this row: non-finite loss/grad, or loss far above its start."""
-    loss, gn = row.get(LOSS_TRAIN), row.get(GRAD_NORM)
-    if loss is None or not math.isfinite(loss):
-        return f"non-finite train loss ({loss})"
-    if gn is not None and not math.isfinite(gn):
-        return f"non-finite gradient norm ({gn})"
-    if first_loss is not None and math.isfinite(first_loss) and loss > 2.0 * first_loss + 1.0:
-        return f"loss spike: {loss:.3f} vs {first_loss:.3f} at the first logged step"
-    return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import signal
 import sys
 import time
 import traceback
@@ -24,25 +23,37 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from harness import checkpoint as ckpt
 from harness import metrics as M
-from harness.artifacts import RunWriter, Summary, provenance, save_checkpoint
+from harness import resume as R
+from harness.artifacts import RunWriter, Summary, provenance, restore_rng, rng_state
 from harness.backends import build_backend
 from harness.config.schema import Config
 from harness.config.store import CONF_DIR, register
-from harness.config.validate import ConfigError, ConfigWarning, validate
+from harness.config.validate import ConfigError, ConfigWarning, check_known_keys, validate
 from harness.data import build_data
+from harness.divergence import DivergenceMonitor
 from harness.hardware import device_for, resolve_hardware
 from harness.loggers import open_logger
 from harness.memory import breakdown
 from harness.model import count_params, flops_per_token
 from harness.optim import build_optimizer, clip_grad, lr_at, set_lr
+from harness.runlock import RunDirLocked, RunLock
+from harness.signals import StopRequest, exit_after_preemption
 
 log = logging.getLogger("lowp")
 RECIPE_PEAK = {"delayed": "fp8", "tensorwise": "fp8", "blockwise": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 
-class Preempted(RuntimeError):
-    """SIGTERM (Slurm preemption / requeue) arrived during training."""
+USER_ERRORS = (ConfigError, RunDirLocked, ckpt.CheckpointError, OSError)
+"""Errors of the user's setup, not of lowp: one line, no traceback, exit code 2 (config) or 1."""
+
+
+def checkpoint_interval(cfg: Config) -> int:
+    """Steps between checkpoints: null protects a real run with one every 10% of its steps."""
+    if cfg.checkpoint_interval is None:
+        return max(1, math.ceil(cfg.steps / 10))
+    return cfg.checkpoint_interval
 
 
 def variant(cfg: Config) -> str:
@@ -60,8 +71,12 @@ def seed_everything(seed: int) -> None:
 class Trainer:
     """Owns one run's objects; `fit()` runs the loop and returns the summary."""
 
-    def __init__(self, cfg: Config, run_dir: Path):
+    def __init__(self, cfg: Config, run_dir: Path, stop: StopRequest | None = None):
         self.cfg, self.run_dir = cfg, run_dir
+        self.stop = stop or StopRequest()
+        self.start_step = 0
+        self.checkpoint_interval = checkpoint_interval(cfg)
+        self.divergence = DivergenceMonitor(cfg.divergence)
         self.writer: RunWriter | None = None
         self.logger = None
         self.device = device_for(cfg.hardware)
@@ -153,23 +168,47 @@ class Trainer:
                 losses.append(self.model.loss(x.to(self.device), y.to(self.device)))
         return torch.stack(losses).mean().item()
 
-    def checkpoint(self, step: int) -> None:
-        save_checkpoint(
-            self.run_dir,
-            {
-                "step": step + 1,
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "lr_schedule": {
-                    "step": step + 1,
-                    "cfg": asdict(self.cfg.optimizer),
-                    "total_steps": self.cfg.steps,
-                },
-                "data_position": {"micro_batches": self.micro_batches_seen, "seed": self.cfg.seed},
-                "recipe_state": self.backend.state_dict(),
-                "config": asdict(self.cfg),
+    # -- checkpoints: each component's own state_dict, under one tree -----------------------------------
+    def _param_names(self) -> list[str]:
+        """Canonical names of the optimizer's parameters, in its order."""
+        names = {id(p): self.backend.canonical_name(n) for n, p in self.model.named_parameters()}
+        return [names[id(p)] for p in self.optimizer.params]
+
+    def state_dict(self, steps_done: int, summary: Summary) -> dict:
+        return {
+            "step": steps_done,
+            "config": asdict(self.cfg),
+            "model": self.backend.model_state_dict(self.model),
+            "optimizer": ckpt.key_by_name(self.optimizer.state_dict(), self._param_names()),
+            "backend": self.backend.state_dict(),
+            "data": self.batches.state_dict(),
+            "metrics": self.metrics.state_dict(),
+            "divergence": self.divergence.state_dict(),
+            "rng": rng_state(),
+            "summary": {
+                "final_train_loss": summary.final_train_loss,
+                "final_eval_loss": summary.final_eval_loss,
             },
-        )
+        }
+
+    def load_state_dict(self, state: dict, summary: Summary) -> None:
+        self.backend.load_model_state_dict(self.model, state["model"])
+        self.optimizer.load_state_dict(ckpt.key_by_index(state["optimizer"], self._param_names()))
+        self.backend.load_state_dict(state["backend"])
+        self.batches.load_state_dict(state["data"])
+        self.micro_batches_seen = self.batches.position
+        self.metrics.load_state_dict(state["metrics"])
+        self.divergence.load_state_dict(state["divergence"])
+        for key, value in state["summary"].items():
+            setattr(summary, key, value)
+        summary.steps, summary.tokens = state["step"], state["step"] * self.tokens_per_step
+        restore_rng(state["rng"])  # last: loading (TE's priming forward) must not move the RNGs
+        self.start_step = state["step"]
+
+    def checkpoint(self, step: int, summary: Summary) -> None:
+        t0 = time.perf_counter()
+        path = ckpt.save(self.run_dir, step + 1, self.state_dict(step + 1, summary), self.cfg.checkpoint_keep)
+        log.info("checkpoint %s (%.2fs)", path, time.perf_counter() - t0)
 
     def _due(self, interval: int, step: int) -> bool:
         return interval > 0 and (step + 1) % interval == 0 and step + 1 < self.cfg.steps
@@ -178,51 +217,54 @@ class Trainer:
         cfg, t0 = self.cfg, time.perf_counter()
         self.logger = logger
         warm = min(cfg.bench_warmup_steps, max(cfg.steps - 1, 0))
-        for step in range(cfg.steps):
+        interval = self.checkpoint_interval
+        for step in range(self.start_step, cfg.steps):
             if step == warm and self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)  # peak of the steady state only
             self.metrics.timer.start()
             try:
                 loss, grad_norm, lr = self.train_step(step)
             except FloatingPointError as exc:  # e.g. FP8 optimizer states poisoned by an all-zero moment
-                summary.status, summary.diverged_step, summary.divergence_cause = (
-                    "diverged",
-                    step + 1,
-                    str(exc),
-                )
-                log.warning("diverged at step %d: %s", step + 1, exc)
-                return summary
+                return self._diverged(summary, step, str(exc))
             self.metrics.timer.stop(step)
             self.metrics.record(step, loss, grad_norm, lr)
             summary.steps, summary.tokens = step + 1, (step + 1) * self.tokens_per_step
             if step in (0, cfg.steps - 1):  # TE: the recipe really ran; delayed scales really moved
                 self.backend.verify_active(self.model, step)
-            if self.metrics.should_log(step, cfg.steps - 1):
+            synced = saved = False
+            if self.metrics.should_log(step, cfg.steps - 1):  # a logged row syncs
                 row = self.metrics.row(step)
                 summary.final_train_loss = row[M.LOSS_TRAIN]
                 self._emit(row, t0)
-                cause = M.divergence(row, self.metrics.first_loss)
+                cause = self.divergence.check(row)
                 if cause:
-                    summary.status, summary.diverged_step, summary.divergence_cause = (
-                        "diverged",
-                        step + 1,
-                        cause,
-                    )
-                    log.warning("diverged at step %d: %s", step + 1, cause)
-                    return summary
-            synced = self.metrics.should_log(step, cfg.steps - 1)  # a logged row syncs
+                    return self._diverged(summary, step, cause)
+                synced = True
             if self._due(cfg.eval_interval, step):
                 self._eval_row(step, summary)
                 synced = True
-            if self._due(cfg.checkpoint_interval, step):
-                self.checkpoint(step)
-                synced = True
+            if self._due(interval, step):
+                self.checkpoint(step, summary)
+                synced = saved = True
             if synced:
                 self.metrics.timer.cold.add(step + 1)
+            if self.stop.requested and step + 1 < cfg.steps:
+                if not saved and interval >= 0:
+                    self.checkpoint(step, summary)
+                summary.status = "preempted"
+                log.warning("preempted after step %d/%d; %s", step + 1, cfg.steps, self.resume_hint)
+                return summary
         self._eval_row(cfg.steps - 1, summary)
-        if cfg.checkpoint_interval >= 0:
-            self.checkpoint(cfg.steps - 1)
+        if interval >= 0:
+            self.checkpoint(cfg.steps - 1, summary)
         summary.status = "completed"
+        return summary
+
+    resume_hint = "restart it in its run dir to resume"
+
+    def _diverged(self, summary: Summary, step: int, cause: str) -> Summary:
+        summary.status, summary.diverged_step, summary.divergence_cause = "diverged", step + 1, cause
+        log.warning("diverged at step %d: %s", step + 1, cause)
         return summary
 
     def _eval_row(self, step: int, summary: Summary) -> None:
@@ -273,16 +315,50 @@ class Trainer:
             summary.mfu_recipe_peak = tflops / own_peak if own_peak and not emulated_speed else None
 
 
-def run(cfg: Config, run_dir: Path) -> Summary:
-    """Validate, train and write one complete run directory; returns its summary."""
+def run(
+    cfg: Config, run_dir: Path, stop: StopRequest | None = None, resume_command: str | None = None
+) -> Summary:
+    """Validate, train (or resume) and write one complete run directory; returns its summary.
+
+    One process at a time writes a run dir (RunLock). With a checkpoint there and resume=auto|must,
+    the run continues from it; a failure is recorded in summary.json and error.txt, then re-raised."""
     cfg.hardware = resolve_hardware(cfg.hardware)
     validate(cfg)
     run_dir = Path(run_dir)
+    with RunLock(run_dir):
+        return _run_locked(cfg, run_dir, stop or StopRequest(), resume_command)
+
+
+def _resume_point(cfg: Config, run_dir: Path) -> tuple[Path, int, dict] | None:
+    """The checkpoint this run continues from (None: a fresh start), by the resume rule."""
+    if cfg.resume not in ("auto", "never", "must"):
+        raise ConfigError(f"resume={cfg.resume}: unknown; use auto, never or must")
+    if cfg.resume == "never":
+        moved = R.move_aside(run_dir)
+        if moved:
+            log.warning("resume=never: the earlier files of %s are kept in %s", run_dir, moved)
+        return None
+    found = ckpt.load_latest(run_dir)
+    if found is None:
+        if cfg.resume == "must":
+            raise ConfigError(
+                f"resume=must but {run_dir} holds no usable checkpoint; "
+                "check hydra.run.dir or use resume=auto"
+            )
+        return None
+    saved, requested = found[2]["config"], asdict(cfg)
+    keys = R.config_diff(saved, requested)
+    if keys:
+        raise ConfigError(R.describe_diff(saved, requested, keys, run_dir))
+    return found
+
+
+def _run_locked(cfg: Config, run_dir: Path, stop: StopRequest, resume_command: str | None) -> Summary:
+    found = _resume_point(cfg, run_dir)
     try:
-        trainer = Trainer(cfg, run_dir)
+        trainer = Trainer(cfg, run_dir, stop)
     except ValueError as exc:  # bad data path, vocab, unsupported recipe: config problems, before any work
         raise ConfigError(str(exc)) from exc
-    writer = trainer.writer = RunWriter(run_dir)
     summary = Summary(
         recipe=cfg.recipe.name,
         variant=variant(cfg),
@@ -291,10 +367,22 @@ def run(cfg: Config, run_dir: Path) -> Summary:
         data=cfg.data.name,
         seed=cfg.seed,
     )
+    previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
+    if found:
+        trainer.load_state_dict(found[2], summary)
+        dropped = R.truncate_rows(run_dir, found[1])
+        log.info(
+            "resuming %s from step %d (%s; dropped rows after it: %s)",
+            run_dir,
+            found[1],
+            found[0].name,
+            dropped,
+        )
+    writer = trainer.writer = RunWriter(run_dir, append=found is not None)
     t0 = time.perf_counter()
     try:
         summary.backend = trainer.backend.name
-        run_json = _run_json(cfg, trainer)
+        run_json = _run_json(cfg, trainer, previous, found[1] if found else None)
         writer.write_run(run_json)
         name = cfg.name or f"{cfg.recipe.name}-s{cfg.seed}"
         with open_logger(
@@ -305,6 +393,7 @@ def run(cfg: Config, run_dir: Path) -> Summary:
             job_type=cfg.recipe.name,
             tags=[cfg.recipe.name, trainer.backend.name, variant(cfg)],
             config=run_json["config"],
+            run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
         ) as logger:
             run_json["wandb"] = logger.describe()
             writer.write_run(run_json)
@@ -315,14 +404,30 @@ def run(cfg: Config, run_dir: Path) -> Summary:
                 cfg.recipe.name,
                 cfg.hardware.name,
             )
-            trainer.fit(summary, logger)
+            if resume_command:
+                log.info("to resume this run: %s", resume_command)
+                trainer.resume_hint = f"resume with: {resume_command}"
+            if trainer.start_step >= cfg.steps:
+                summary.status = "completed"
+                log.info("run %s is already complete (step %d)", run_dir, trainer.start_step)
+            else:
+                trainer.fit(summary, logger)
             trainer.finalize(summary)
             summary.wall_time_s = time.perf_counter() - t0
+            if summary.status == "preempted":
+                logger.mark_preempting()
             logger.summary(asdict(summary))
     except BaseException as exc:  # noqa: BLE001 - the summary must say how the run ended, then re-raise
-        summary.status = "preempted" if isinstance(exc, (Preempted, KeyboardInterrupt)) else "failed"
-        summary.error = f"{type(exc).__name__}: {exc}"
-        log.error("run %s: %s\n%s", summary.status, summary.error, traceback.format_exc(limit=8))
+        summary.status = "preempted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        summary.error = f"{type(exc).__name__}: {exc}".strip()
+        writer.error(f"{summary.error}\n\n{traceback.format_exc()}")
+        user = isinstance(exc, USER_ERRORS)
+        log.error(
+            "run %s: %s%s",
+            summary.status,
+            summary.error,
+            "" if user else f" (traceback in {run_dir}/error.txt)",
+        )
         raise
     finally:
         summary.wall_time_s = time.perf_counter() - t0
@@ -331,7 +436,7 @@ def run(cfg: Config, run_dir: Path) -> Summary:
     return summary
 
 
-def _run_json(cfg: Config, trainer: Trainer) -> dict:
+def _run_json(cfg: Config, trainer: Trainer, previous: dict | None, resumed_from: int | None) -> dict:
     prov = provenance(
         backend=trainer.backend.describe(),
         hardware=cfg.hardware.name,
@@ -345,10 +450,12 @@ def _run_json(cfg: Config, trainer: Trainer) -> dict:
         tokens_per_step=trainer.tokens_per_step,
         grad_accumulation=trainer.accum,
     )
+    attempts = (previous or {}).get("attempts", []) + [R.attempt(resumed_from)]
     return {
         "config": OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True),
         "provenance": prov,
         "wandb": None,
+        "attempts": attempts,
     }
 
 
@@ -365,10 +472,6 @@ def _sweep_group(run_dir: Path) -> str | None:
     return None
 
 
-def _on_sigterm(signum, frame):
-    raise Preempted(f"signal {signum}")
-
-
 def _concise_warnings() -> None:
     default = warnings.formatwarning
     warnings.formatwarning = lambda msg, cat, *a, **k: (
@@ -381,17 +484,36 @@ register()
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(dcfg: DictConfig) -> float | None:
+    """Adapts Hydra to `run`: exit 2 for a config error, 1 for a runtime one (a multirun's job
+    returns instead, so the launcher goes on), 128+signal after a preemption, 0 otherwise."""
     from hydra.core.hydra_config import HydraConfig
 
     _concise_warnings()
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    cfg: Config = OmegaConf.to_object(dcfg)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    multirun = hc.mode is not None and hc.mode.name == "MULTIRUN"
+    run_dir = Path(hc.runtime.output_dir)
+    stop = StopRequest().install()
     try:
-        summary = run(cfg, run_dir)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        check_known_keys(dcfg)
+        cfg: Config = OmegaConf.to_object(dcfg)
+        summary = run(cfg, run_dir, stop, R.resume_command(run_dir, list(hc.overrides.task)))
+    except KeyboardInterrupt:
+        print("error: interrupted twice; the last checkpoint is kept, restart to resume", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - recorded in the run dir by run(); here only the exit code
+        code = 2 if isinstance(exc, ConfigError) else 1
+        where = "" if isinstance(exc, USER_ERRORS) else f" (traceback in {run_dir / 'error.txt'})"
+        print(
+            f"error: {exc}{where}" if code == 2 else f"error: {type(exc).__name__}: {exc}{where}",
+            file=sys.stderr,
+        )
+        if multirun:
+            return None  # the basic launcher goes on with the next job
+        sys.exit(code)
+    finally:
+        stop.restore()
+    if summary.status == "preempted":
+        exit_after_preemption(stop.signum, stop.previous.get(stop.signum))
     loss = summary.final_eval_loss if summary.final_eval_loss is not None else summary.final_train_loss
     return loss if loss is not None and math.isfinite(loss) else None
 

@@ -71,9 +71,13 @@ def test_run_dir_contract(tiny_run):
     evals = [r for r in rows if M.LOSS_EVAL in r]
     assert [r["step"] for r in evals] == [6, 12]
     assert math.isclose(evals[-1][M.LOSS_EVAL], s["final_eval_loss"])
-    ckpt = torch.load(d / "checkpoints" / "latest.pt", weights_only=False)
-    assert {"model", "optimizer", "lr_schedule", "rng", "data_position", "recipe_state"} <= set(ckpt)
-    assert ckpt["step"] == 12 and ckpt["data_position"]["micro_batches"] == 12
+    from harness import checkpoint
+
+    path, step, state = checkpoint.load_latest(d)
+    assert path.name == "step_00000012" and step == 12
+    assert {"model", "optimizer", "backend", "rng", "data", "metrics", "config"} <= set(state)
+    assert state["data"]["position"] == 12 and "wte.weight" in state["model"]
+    assert [p.name for p in checkpoint.candidates(d)] == ["step_00000012", "step_00000006"]
 
 
 def test_same_seed_same_curve_and_seed_matters(tiny_run, tmp_path):

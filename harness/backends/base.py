@@ -61,11 +61,32 @@ class Backend(ABC):
         yield []
 
     def state_dict(self) -> dict:
-        """Recipe scale state (amax histories, scales) for checkpoints."""
+        """Recipe scale state (amax histories, scales, stochastic-rounding generators) for checkpoints."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:  # noqa: B027
         pass
+
+    def canonical_name(self, name: str) -> str:
+        """A parameter's name in checkpoints: the emulated GPT's, the same on every backend."""
+        return name
+
+    def model_state_dict(self, model: nn.Module) -> dict:
+        """The model's tensors under canonical names; modules' opaque extra state is left to
+        `state_dict()` (TE pickles its FP8 metadata there, which a safe checkpoint cannot hold)."""
+        return {
+            self.canonical_name(k): v for k, v in model.state_dict().items() if not k.endswith("_extra_state")
+        }
+
+    def load_model_state_dict(self, model: nn.Module, state: dict) -> None:
+        own = {self.canonical_name(k): k for k in model.state_dict() if not k.endswith("_extra_state")}
+        if set(own) != set(state):
+            missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+            raise ValueError(
+                f"checkpoint model does not match: missing {missing[:3]}, unexpected {extra[:3]}"
+            )
+        result = model.load_state_dict({own[k]: v for k, v in state.items()}, strict=False)
+        assert not result.unexpected_keys, result.unexpected_keys
 
 
 def resolve_backend_name(cfg: Config) -> str:

@@ -222,6 +222,7 @@ class TEBackend(Backend):
             if name != "blocks":
                 child.to(device=self.device, dtype=torch.bfloat16)
         self._install_probes(model)
+        self._model = model
         return model
 
     def autocast(self):
@@ -293,6 +294,56 @@ class TEBackend(Backend):
                     "delayed scaling: every forward scale is still 1.0 after "
                     f"{step + 1} steps: the amax/scale update is not running"
                 )
+
+    # ---- checkpoints: canonical parameter names; the FP8 scaling state as plain tensors ---------------
+    def canonical_name(self, name: str) -> str:
+        from harness.backends.te_names import canonical_name
+
+        return canonical_name(name)
+
+    def _fp8_metas(self):
+        """(module name, fp8_meta key, FP8TensorMeta) of every TE module that keeps scaling state."""
+        for name, m in self._model.named_modules():
+            meta = getattr(m, "fp8_meta", None) or {}
+            for key in ("scaling_fwd", "scaling_bwd"):
+                if key in meta:
+                    yield name, key, meta[key]
+
+    def state_dict(self) -> dict:
+        """Delayed scaling's amax histories and scales, value by value (TE's own `_extra_state` is a
+        pickle, so it stays out of the checkpoint); recipes without state give {}."""
+        out: dict = {}
+        for name, key, meta in self._fp8_metas():
+            out.setdefault(name, {})[key] = {
+                a: getattr(meta, a).clone() for a in ("scale", "amax_history") if hasattr(meta, a)
+            }
+        return out
+
+    def _prime(self) -> None:
+        """TE makes a module's FP8 metadata at its first forward under autocast; a resumed run loads
+        into it before its first step, so one no-grad forward makes it (the loaded values then replace
+        whatever that forward recorded, before any quantization uses them)."""
+        cfg = self.cfg.model
+        idx = torch.zeros((1, cfg.seq_length), dtype=torch.long, device=self.device)
+        with torch.no_grad(), self.autocast():
+            self._model(idx)
+
+    def load_state_dict(self, state: dict) -> None:
+        if state and not any(True for _ in self._fp8_metas()):
+            self._prime()
+        own = {(n, k): meta for n, k, meta in self._fp8_metas()}
+        saved = {(n, k) for n, entry in state.items() for k in entry}
+        if saved != set(own):
+            raise ValueError(f"checkpoint FP8 state covers {sorted(saved)[:3]}, this model {sorted(own)[:3]}")
+        for (name, key), meta in own.items():
+            for attr, value in state[name][key].items():
+                target = getattr(meta, attr)
+                if target.shape != value.shape:
+                    raise ValueError(
+                        f"{name} {key}.{attr}: shape {tuple(value.shape)} in the checkpoint, "
+                        f"{tuple(target.shape)} here (recipe.fp8_amax_history_len changed?)"
+                    )
+                target.copy_(value)
 
     def describe(self) -> dict:
         notes = []

@@ -246,6 +246,19 @@ class LoggerConfig:
 
 
 @dataclass
+class DivergenceConfig:
+    """When a run counts as diverged (it then ends with status `diverged`, exit code 0)."""
+
+    loss_spike_factor: float = 2.0
+    """Diverged when the train loss exceeds this factor x its running minimum (0 = no spike check)."""
+    patience: int = 3
+    """... on this many consecutive logged rows. NaN/Inf loss or gradient norm end a run at once."""
+
+
+RESUME_MODES = ("auto", "never", "must")
+
+
+@dataclass
 class Config:
     """The root: groups plus run-level keys (architecture.md `train` row)."""
 
@@ -257,6 +270,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     name: str | None = None
     """Run name (W&B name); null = derived from recipe and seed."""
     seed: int = 0
@@ -275,8 +289,13 @@ class Config:
     """Steps between logged metric rows."""
     telemetry_interval: int = 0
     """Steps between numerics telemetry rows; 0 = off."""
-    checkpoint_interval: int = 0
-    """Steps between checkpoints; 0 = only at the end; -1 = never (benchmarks)."""
+    checkpoint_interval: int | None = None
+    """Steps between checkpoints; null = every 10% of the steps; 0 = only at the end; -1 = never."""
+    checkpoint_keep: int = 2
+    """How many of the newest checkpoints are kept (a corrupted newest falls back to the previous)."""
+    resume: str = "auto"
+    """auto: resume from the run dir's checkpoint if it has one; never: start fresh (the old files
+    are moved aside, not deleted); must: refuse to start without a checkpoint."""
     bench_warmup_steps: int = 5
     """Steps excluded from throughput and peak memory."""
     dtype: str = "bf16"

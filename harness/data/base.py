@@ -85,12 +85,12 @@ class TokenData:
         raise NotImplementedError
 
     # -- shared ----------------------------------------------------------------------------------
-    def train_batches(self, micro_batch_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
+    def train_batches(self, micro_batch_size: int, seed: int, start: int = 0) -> TrainStream:
         """Infinite seeded train batches; start=k yields exactly batches k, k+1, ... of start=0."""
         if micro_batch_size < 1:
             raise config_error(f"micro_batch_size={micro_batch_size}", "must be >= 1", "set it >= 1")
         assert start >= 0, start
-        return self._train_stream(micro_batch_size, seed, start)
+        return TrainStream(self, micro_batch_size, seed, start)
 
     def _train_stream(self, micro_batch_size: int, seed: int, start: int) -> Iterator[Batch]:
         block, offset = divmod(start, BLOCK)
@@ -120,6 +120,45 @@ class TokenData:
             "loss_floor": self.loss_floor,
             **self.facts,
         }
+
+
+class TrainStream:
+    """The train batches of one run: an iterator that knows its position, so a checkpoint can
+    store the data order (source fingerprint, seed, batch size) and where in it the run is."""
+
+    def __init__(self, data: TokenData, micro_batch_size: int, seed: int, start: int = 0):
+        self.data, self.micro_batch_size, self.seed = data, micro_batch_size, seed
+        self._seek(start)
+
+    def _seek(self, position: int) -> None:
+        self.position = position
+        self._it = self.data._train_stream(self.micro_batch_size, self.seed, position)
+
+    def __iter__(self) -> TrainStream:
+        return self
+
+    def __next__(self) -> Batch:
+        batch = next(self._it)
+        self.position += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        return {
+            "fingerprint": self.data.fingerprint,
+            "seed": self.seed,
+            "micro_batch_size": self.micro_batch_size,
+            "position": self.position,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        order = (self.data.fingerprint, self.seed, self.micro_batch_size)
+        saved = (state["fingerprint"], state["seed"], state["micro_batch_size"])
+        if saved != order:
+            raise ValueError(
+                f"the checkpoint's data order (fingerprint {saved[0][:12]}, seed {saved[1]}, micro-batch "
+                f"{saved[2]}) is not this run's ({order[0][:12]}, {order[1]}, {order[2]})"
+            )
+        self._seek(state["position"])
 
 
 def split_stream(tokens: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:

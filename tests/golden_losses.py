@@ -1,0 +1,104 @@
+"""Golden loss curves: every recipe's first steps on gpt_tiny (CPU, emulated backend), stored in the repo.
+
+The stored curves (`tests/assets/losses/<name>_tiny_cpu.txt`, one `step loss` line per step, the loss
+in full `repr` precision) are the safety net of every refactor: `tests/test_golden_losses.py` trains
+each case again through `harness.train.run` and requires the same losses bit for bit.
+
+Rule: a refactor never regenerates them. A change that alters numerics on purpose regenerates them in a
+commit of its own that says why:
+
+    python -m tests.golden_losses            # all cases
+    python -m tests.golden_losses nvfp4      # one case
+
+The run is fixed here, not in the test, so the test and the generator cannot drift apart: 8 steps of
+2 micro-batches (accumulation on), logged every step, no eval, no checkpoint, one thread.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ASSETS = Path(__file__).resolve().parent / "assets" / "losses"
+STEPS = 8
+RUN = [
+    "model=gpt_tiny",
+    "backend=emulated",
+    "hardware=cpu",
+    "logger=none",
+    f"steps={STEPS}",
+    "log_interval=1",
+    "eval_interval=0",
+    "eval_tokens=0",
+    "checkpoint_interval=-1",
+    "micro_batch_size=4",
+    "global_batch_size=8",
+    "data.num_tokens=20000",
+    "optimizer.warmup_steps=2",
+]
+# name -> the overrides that make it; the recipe cases plus two that reach the per-module plan and the
+# precision-aware optimizer's FP8 states, so refactors of those paths are covered too
+CASES: dict[str, list[str]] = {
+    "bf16": ["recipe=bf16"],
+    "delayed": ["recipe=delayed"],
+    "tensorwise": ["recipe=tensorwise"],
+    "blockwise": ["recipe=blockwise"],
+    "mxfp8": ["recipe=mxfp8"],
+    "nvfp4": ["recipe=nvfp4"],
+    "int4_qat": ["recipe=int4_qat"],
+    "nvfp4_mixed": [
+        "recipe=nvfp4",
+        "stability.fp8_wgrad=false",
+        "+stability.overrides=[{pattern:'blocks.0.*',recipe:tensorwise},{pattern:'*.fc2',recipe:bf16}]",
+    ],
+    "delayed_fp8_states": ["recipe=delayed", "stability.fp8_margin=1", "optimizer=fp8_states"],
+}
+
+
+def path_of(name: str) -> Path:
+    return ASSETS / f"{name}_tiny_cpu.txt"
+
+
+def curve(name: str) -> list[tuple[int, float]]:
+    """Train case `name` and return its (step, train loss) pairs."""
+    import json
+
+    from harness.train import run
+    from tests.helpers import compose_cfg
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # reductions split over threads may round differently
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            summary = run(compose_cfg(*RUN, *CASES[name]), Path(d))
+            rows = [json.loads(line) for line in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        torch.set_num_threads(threads)
+    if summary.status != "completed":
+        raise RuntimeError(f"{name}: run {summary.status}: {summary.error or summary.divergence_cause}")
+    return [(r["step"], r["loss/train"]) for r in rows if "loss/train" in r]
+
+
+def format_curve(points: list[tuple[int, float]]) -> str:
+    return "".join(f"{step} {loss!r}\n" for step, loss in points)
+
+
+def read_curve(name: str) -> list[tuple[int, float]]:
+    pairs = (line.split() for line in path_of(name).read_text().splitlines() if line.strip())
+    return [(int(s), float(v)) for s, v in pairs]
+
+
+def main(names: list[str]) -> None:
+    ASSETS.mkdir(parents=True, exist_ok=True)
+    for name in names or list(CASES):
+        if name not in CASES:
+            sys.exit(f"error: unknown case {name!r}; choose from {sorted(CASES)}")
+        path_of(name).write_text(format_curve(curve(name)))
+        print(f"wrote {path_of(name)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,113 @@
+"""The checkpoint format (harness.checkpoint): round trip, atomicity, retention, corruption, safety."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from harness import checkpoint as C
+
+
+def tree():
+    gen = torch.Generator().manual_seed(3)
+    return {
+        "model": {"wte.weight": torch.randn(5, 3), "ln.bias": torch.zeros(3, dtype=torch.bfloat16)},
+        "optimizer": {"state": {0: {"step": torch.tensor(4.0), "exp_avg": torch.ones(2)}}, "groups": [1e-3]},
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "gen": gen.get_state()},
+        "codes": torch.arange(6, dtype=torch.uint8),
+        "none": None,
+        "pair": (1, "a"),
+    }
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_round_trip_restores_every_leaf_and_type(tmp_path):
+    t = tree()
+    C.save(tmp_path, 7, t, keep=2)
+    path, step, back = C.load_latest(tmp_path)
+    assert step == 7 and path.name == "step_00000007"
+    assert same(t, back)
+    random.setstate(back["rng"]["python"])  # the restored states are usable as they are
+    np.random.set_state(back["rng"]["numpy"])
+    torch.Generator().set_state(back["rng"]["gen"])
+
+
+def test_keeps_the_newest_k(tmp_path):
+    for step in (2, 4, 6, 8):
+        C.save(tmp_path, step, {"x": torch.tensor([step])}, keep=2)
+    assert [p.name for p in C.candidates(tmp_path)] == ["step_00000008", "step_00000006"]
+
+
+def test_interrupted_write_leaves_previous_checkpoint_and_no_partial_one(tmp_path, monkeypatch):
+    C.save(tmp_path, 2, {"x": torch.tensor([2])}, keep=3)
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(C, "_write_json", boom)
+    with pytest.raises(OSError):
+        C.save(tmp_path, 4, {"x": torch.tensor([4])}, keep=3)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
+    assert C.load_latest(tmp_path)[1] == 2
+
+
+@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "no_manifest", "bad_state"])
+def test_corrupted_newest_falls_back_to_previous_with_warning(tmp_path, damage):
+    C.save(tmp_path, 2, {"x": torch.tensor([2.0])}, keep=3)
+    newest = C.save(tmp_path, 4, {"x": torch.tensor([4.0])}, keep=3)
+    data = next(newest.glob("*.distcp"))
+    if damage == "flip_byte":
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        data.write_bytes(data.read_bytes()[:10])
+    elif damage == "no_manifest":
+        (newest / C.MANIFEST).unlink()
+    else:
+        (newest / C.STATE).write_text("{")
+    with pytest.warns(RuntimeWarning, match="step_00000004 is unusable.*falling back"):
+        path, step, back = C.load_latest(tmp_path)
+    assert step == 2 and torch.equal(back["x"], torch.tensor([2.0]))
+
+
+def test_metadata_that_would_run_code_is_refused(tmp_path):
+    """A tampered .metadata naming a callable (os.system) is not unpickled, even with a valid manifest."""
+    path = C.save(tmp_path, 2, {"x": torch.tensor([2.0])}, keep=1)
+
+    class Evil:
+        def __reduce__(self):
+            import os
+
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    (path / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(pickle.UnpicklingError, match="os.system|posix.system"):
+        C._dcp_load(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_no_checkpoint_is_none(tmp_path):
+    assert C.load_latest(tmp_path) is None
+    (tmp_path / "checkpoints" / ".tmp-step_00000002-1").mkdir(parents=True)  # a dead writer's leftovers
+    assert C.load_latest(tmp_path) is None
+
+
+def test_unstorable_leaf_names_its_path(tmp_path):
+    with pytest.raises(TypeError, match="model.f: cannot store a function"):
+        C.save(tmp_path, 1, {"model": {"f": lambda: 0}}, keep=1)
