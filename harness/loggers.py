@@ -97,6 +97,10 @@ def open_logger(
         id=run_id,
         resume="allow" if run_id else None,
     )
+    from harness.artifacts import slurm_env
+
+    # the Slurm job of this attempt (a requeued job keeps its W&B run; restart_count says which attempt)
+    run.config.update({"slurm": slurm_env()}, allow_val_change=True)
     logging.getLogger("lowp").info("W&B %s run %s in %s", w.mode, run.id, run.dir)
     exit_code = 1
     try:

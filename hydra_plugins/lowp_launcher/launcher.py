@@ -8,20 +8,19 @@ job killed by Slurm leaves no result behind. Each job's own log stays in its run
 submitit folder; the terminal gets one status line and one line per finished job.
 
 Requeue protocol on Slurm (submitit's): the job is started with `--signal=USR2@signal_delay_s`. The
-training loop turns SIGUSR2/SIGTERM into a checkpoint at the next step boundary and
-`status: preempted`. After a USR2 stop, this launcher lets submitit requeue the job (the pickled
-submission is refreshed; time-limit stops count against `max_num_timeout`, preemptions do not). After
-a SIGTERM stop (`scontrol requeue`, preemption, scancel) Slurm decides: the job exits without a result,
-so the driver keeps waiting while Slurm requeues it, or sees it cancelled. A requeued job runs the same
-overrides in the same run directory and resumes from its checkpoint.
+training loop (harness.signals) turns SIGUSR2/SIGTERM into a checkpoint at the next step boundary and
+`status: preempted`, then hands the signal to submitit's handler: after USR2 submitit asks this
+launcher's `checkpoint()` for the same job, requeues it (time-limit stops count against
+`max_num_timeout`, preemptions do not) and exits; after SIGTERM (`scontrol requeue`, preemption,
+scancel) Slurm decides. Either way the job exits without a result, so the driver keeps waiting while
+the job is requeued (or sees it cancelled). A requeued job runs the same overrides in the same run
+directory and resumes from its checkpoint, with the same W&B run.
 """
 
 # no `from __future__ import annotations`: Hydra imports plugin modules outside sys.modules (dataclasses)
 
 import logging
-import re
 import signal
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -71,22 +70,6 @@ class Planned:
     finished: bool = False
 
 
-def stop_signal(summary: dict | None) -> str | None:
-    """The signal that stopped a preempted run, from its summary (`SIGUSR2`, `SIGTERM`, ...)."""
-    s = summary or {}
-    text = " ".join(str(s.get(k) or "") for k in ("signal", "stop_signal", "error", "preempted_by"))
-    m = re.search(r"SIG[A-Z0-9]+", text)
-    if m:
-        return m.group(0)
-    m = re.search(r"signal (\d+)", text)
-    if m:
-        try:
-            return signal.Signals(int(m.group(1))).name
-        except ValueError:
-            return None
-    return None
-
-
 class LowpLauncher(Launcher):
     _EXECUTOR = "abstract"
 
@@ -108,7 +91,6 @@ class LowpLauncher(Launcher):
     def __call__(self, sweep_overrides, job_dir_key, job_num, job_id, singleton_state) -> JobReturn:
         import submitit
 
-        t_start = time.time()
         Singleton.set_state(singleton_state)
         setup_globals()
         sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(sweep_overrides))
@@ -128,22 +110,17 @@ class LowpLauncher(Launcher):
             )
         except (SystemExit, KeyboardInterrupt) as exc:  # a preempted run exits so that it can be requeued
             stopped = exc
-        self._after_run(run_dir, t_start, stopped)
+        self._after_run(run_dir, stopped)
         return ret
 
-    def _after_run(self, run_dir: Path, t_start: float, stopped: BaseException | None) -> None:
+    def _after_run(self, run_dir: Path, stopped: BaseException | None) -> None:
+        """A preempted run leaves no result behind, so the driver keeps waiting while it is requeued."""
         from harness.progress import read_summary
 
-        summary = read_summary(run_dir)
-        if self._EXECUTOR == "slurm" and (summary or {}).get("status") == "preempted":
-            sig = stop_signal(summary)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # scontrol requeue below signals this job too
-            if sig != "SIGTERM":
-                _submitit_requeue(t_start)  # exits
-            # SIGTERM: Slurm requeues (or cancels) the job itself; no result, so the driver keeps waiting
-            raise SystemExit(143)
         if stopped is not None:
             raise stopped
+        if (read_summary(run_dir) or {}).get("status") == "preempted":
+            raise SystemExit(128 + signal.SIGTERM)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """submitit's requeue hook: resubmit the same job (its run resumes from its own checkpoint)."""
@@ -274,24 +251,12 @@ def _summary(p: Planned) -> dict | None:
 
 
 def _job_error(p: Planned) -> str:
-    """One line on why a job has no summary (killed before writing one, unpicklable result...)."""
+    """One line on why a job has no summary (killed before writing one, stopped by a config error)."""
     try:
         p.job.result()
     except Exception as exc:  # noqa: BLE001 - reported, never raised: other jobs go on
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+    if _summary(p) is None:
+        return f"ended without summary.json; its output: {p.job.paths.stdout}"
     return ""
-
-
-def _submitit_requeue(t_start: float) -> None:
-    """submitit's own USR2 path: refresh the pickled submission, count a timeout, scontrol requeue, exit."""
-    import submitit
-    from submitit.core.job_environment import SignalHandler
-    from submitit.core.utils import DelayedSubmission
-
-    env = submitit.JobEnvironment()
-    paths = env.paths
-    handler = SignalHandler(env, paths, DelayedSubmission.load(paths.submitted_pickle))
-    handler._start_time = t_start  # time-limit vs preemption is judged on the job's real run time
-    handler.checkpoint_and_try_requeue(signal.SIGUSR2)
-    sys.exit(-1)
