@@ -73,7 +73,8 @@ class SweepProgress:
     def __exit__(self, *exc) -> None:
         if self._live is not None:
             self._live.__exit__(*exc)
-        self.console.print(self.status_line(), markup=False)
+        if self._live is not None or self._plain_last != (self.done, self.failed, 0, 0):
+            self.console.print(self.status_line(), markup=False)
 
     def eta_s(self) -> float | None:
         if not self.done:
@@ -94,7 +95,8 @@ class SweepProgress:
             return
         key = (self.done, self.failed, running, queued)
         now = time.monotonic()
-        if key != self._plain_last and now - self._plain_t >= self.plain_every_s:
+        final = self.done == self.total  # the last line is always printed
+        if key != self._plain_last and (final or now - self._plain_t >= self.plain_every_s):
             self.console.print(self.status_line(), markup=False)
             self._plain_last, self._plain_t = key, now
 

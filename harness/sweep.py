@@ -1,6 +1,6 @@
 """Launch a named sweep: sweeps/NAME.yaml with its BF16 baselines, validated, launched, summarised, reported.
 
-    python -m harness.sweep NAME [overrides...] [--dry-run] [--no-report]
+    python -m harness.sweep NAME [overrides...] [--dry-run] [--no-report]   (NAME or path/to/sweep.yaml)
     python -m harness.sweep NAME --resume SWEEP_DIR [hydra/launcher=...]
     python -m harness.sweep --list
 
@@ -27,7 +27,16 @@ import warnings
 from pathlib import Path
 
 from harness.progress import fmt_duration, fmt_loss, read_summary
-from harness.sweep_spec import Job, SweepError, build_jobs, key_of, known_sweeps, read_jobs, write_jobs
+from harness.sweep_spec import (
+    Job,
+    SweepError,
+    build_jobs,
+    key_of,
+    known_sweeps,
+    read_jobs,
+    sweep_name,
+    write_jobs,
+)
 
 FINISHED = ("completed", "diverged")
 FLAGS = ("--dry-run", "--no-report", "--report")
@@ -55,7 +64,7 @@ def parse_args(argv: list[str]) -> dict:
 
 def plan(args: dict) -> tuple[list[Job], list[str], Path, str]:
     """(jobs, Hydra overrides, sweep dir, stamp) for a new sweep or a resumed one."""
-    name = args["name"]
+    name = sweep_name(args["name"])
     if args["resume"]:
         sweep_dir = Path(args["resume"]).absolute()
         if not (sweep_dir / "jobs.yaml").exists():
@@ -70,7 +79,7 @@ def plan(args: dict) -> tuple[list[Job], list[str], Path, str]:
                 "(only hydra/launcher= and hydra.* overrides), or start a new sweep"
             )
         return jobs, args["extra"], sweep_dir, stamp
-    jobs, hydra_args = build_jobs(name, args["extra"])
+    jobs, hydra_args = build_jobs(args["name"], args["extra"])
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     given = [a.split("=", 1)[1] for a in hydra_args if a.startswith("hydra.sweep.dir=")]
     sweep_dir = Path(given[-1] if given else f"multirun/{name}/{stamp}").absolute()
@@ -208,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    name = args["name"]
+    name = sweep_name(args["name"])
     if args["resume"]:
         mark_finished(jobs, sweep_dir)
     bad = validate_jobs([j for j in jobs if not j.skip])

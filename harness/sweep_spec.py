@@ -63,8 +63,18 @@ def known_sweeps() -> list[str]:
     return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
 
 
+def spec_path(name: str) -> Path:
+    """sweeps/NAME.yaml, or NAME itself when it is a path to a .yaml file (a sweep of your own)."""
+    own = Path(name)
+    return own if own.suffix == ".yaml" and own.exists() else SWEEPS_DIR / f"{name}.yaml"
+
+
+def sweep_name(name: str) -> str:
+    return Path(name).stem if name.endswith(".yaml") else name
+
+
 def load_spec(name: str) -> dict:
-    path = SWEEPS_DIR / f"{name}.yaml"
+    path = spec_path(name)
     if not path.exists():
         raise SweepError(f"sweep {name}: no {path}; choose one of {known_sweeps()}")
     spec = OmegaConf.to_container(OmegaConf.load(path)) or {}

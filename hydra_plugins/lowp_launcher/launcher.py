@@ -258,5 +258,17 @@ def _job_error(p: Planned) -> str:
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
     if _summary(p) is None:
-        return f"ended without summary.json; its output: {p.job.paths.stdout}"
+        log_lines = _tail(p.job.paths.stdout)
+        said = [ln for ln in log_lines if ln.startswith("error:")]
+        return f"{said[-1] if said else 'ended without summary.json'} (output: {p.job.paths.stdout})"
     return ""
+
+
+def _tail(path: Path, nbytes: int = 20000) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - nbytes))
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
