@@ -159,34 +159,63 @@ class RunWriter:
     def __init__(self, run_dir: Path, append: bool = False):
         """append: a resumed run continues its files (already cut back to the checkpoint's step)."""
         self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.mode = "a" if append else "w"  # a fresh run starts fresh files
-        self._metrics = open(self.dir / "metrics.jsonl", self.mode)
+        self._metrics = None  # opened by the first write: a run refused before it starts leaves no files
         self._numerics = None
 
+    def _open(self) -> None:
+        if self._metrics is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._metrics = open(self.dir / "metrics.jsonl", self.mode)
+
     def write_run(self, run: dict) -> None:
+        self._open()
         write_json_atomic(self.dir / "run.json", run)
 
     def metrics(self, row: dict) -> None:
+        self._open()
         self._metrics.write(dumps(row) + "\n")
         self._metrics.flush()
 
     def numerics(self, rows: list[dict]) -> None:
+        self._open()
         if self._numerics is None:
             self._numerics = open(self.dir / "numerics.jsonl", self.mode)
         self._numerics.write("".join(dumps(r) + "\n" for r in rows))
         self._numerics.flush()
 
     def summary(self, summary: Summary) -> None:
+        self._open()
         write_json_atomic(self.dir / "summary.json", dataclasses.asdict(summary))
 
     def error(self, text: str) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "error.txt").write_text(text)
 
     def close(self) -> None:
-        self._metrics.close()
+        if self._metrics is not None:
+            self._metrics.close()
         if self._numerics is not None:
             self._numerics.close()
+
+
+class NullWriter:
+    """RunWriter's interface, writing nothing: for a Trainer that only times train_step."""
+
+    def write_run(self, run: dict) -> None:
+        pass
+
+    def metrics(self, row: dict) -> None:
+        pass
+
+    def numerics(self, rows: list[dict]) -> None:
+        pass
+
+    def summary(self, summary: Summary) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def rng_state() -> dict:

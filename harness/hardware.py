@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from harness import recipes
 from harness.config.schema import HardwareConfig
 
 # substrings of torch.cuda.get_device_name(), most specific first
@@ -31,9 +32,7 @@ def resolve_hardware(hw: HardwareConfig) -> HardwareConfig:
         return load_preset("hardware", preset)
     major, minor = torch.cuda.get_device_capability()
     cc = major + minor / 10
-    native = ["bf16", "int4_qat"] + (["delayed", "tensorwise"] if cc >= 8.9 else [])
-    native += ["blockwise"] if cc >= 9.0 else []
-    native += ["mxfp8", "nvfp4"] if 10.0 <= cc < 12.0 else []
+    native = recipes.native_on(cc)
     props = torch.cuda.get_device_properties(0)
     return HardwareConfig(
         name=torch.cuda.get_device_name(),

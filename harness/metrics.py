@@ -156,3 +156,13 @@ class MetricsProcessor:
         if self.device.type == "cuda":
             row[PEAK_MEM_GIB] = torch.cuda.max_memory_allocated() / 2**30
         return row
+
+
+def summary_mfu(
+    tflops: float, *, bf16_peak: float | None, recipe_peak: float | None, emulated: bool
+) -> tuple[float | None, float | None]:
+    """(MFU against the BF16 peak, MFU against the recipe's own peak) for summary.json; none where a
+    peak is unknown, and none for an emulated quantized recipe (its speed is not the recipe's)."""
+    if emulated:
+        return None, None
+    return (tflops / bf16_peak if bf16_peak else None, tflops / recipe_peak if recipe_peak else None)

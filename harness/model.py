@@ -1,9 +1,10 @@
 """A precision-agnostic GPT: pre-norm blocks, causal attention, GELU or SwiGLU MLP.
 
-The model never sees a recipe. Every GEMM that a recipe may quantize is built by `ops.linear(name, ...)`
-and the MLP activation by `ops.activation(name, ...)`; the backend decides what those modules do
-(plain BF16, emulated FP8/FP4, or TE). Names are the modules' qualified names in this model, so
-stability overrides (`blocks.0.*`) and telemetry rows match what `named_modules()` prints.
+The model never sees a recipe. Every GEMM that a recipe may quantize is built by
+`ops.linear(name, ...)`, the MLP activation by `ops.activation(name, ...)` and each norm by
+`ops.norm(name, ...)`; the backend decides what those modules do (plain BF16, emulated FP8/FP4,
+or TE). Names are the modules' qualified names in this model, so stability overrides (`blocks.0.*`)
+and telemetry rows match what `named_modules()` prints.
 A backend may also replace whole blocks (TE's fused TransformerLayer) through `blocks=`.
 """
 
@@ -27,6 +28,8 @@ class Ops(Protocol):
 
     def activation(self, name: str, kind: str) -> nn.Module: ...
 
+    def norm(self, name: str, cfg: ModelConfig) -> nn.Module: ...
+
 
 def bf16_values(x: torch.Tensor) -> torch.Tensor:
     """An fp32 tensor rounded to bf16 values, kept in fp32 storage (a bf16 tensor passes unchanged).
@@ -36,50 +39,16 @@ def bf16_values(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).float() if x.dtype == torch.float32 else x
 
 
-class _TEOrderLayerNorm(torch.autograd.Function):
-    """Forward: TE's kernel order (harness.numerics.te_layernorm); backward: torch's layer_norm's."""
-
-    @staticmethod
-    def forward(ctx, x, w, b, eps):
-        from harness.numerics.te_layernorm import te_layer_norm
-
-        ctx.save_for_backward(x, w, b)
-        ctx.eps = eps
-        return te_layer_norm(x, w, b, eps)
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, w, b = ctx.saved_tensors
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(need) for t, need in zip((x, w, b), ctx.needs_input_grad)]
-            y = F.layer_norm(leaves[0], x.shape[-1:], leaves[1], leaves[2], ctx.eps)
-            wanted = [t for t in leaves if t.requires_grad]
-            grads = iter(torch.autograd.grad(y, wanted, gy) if wanted else ())
-        return *(next(grads) if t.requires_grad else None for t in leaves), None
-
-
 class LayerNorm(nn.LayerNorm):
     """LayerNorm computed in fp32 from bf16 values of x and of its parameters, as TE's kernel does;
     the output stays fp32 (the consumer rounds it, or, where TE fuses the cast, quantizes it).
-
-    On CUDA, where harness.numerics.te_layernorm covers TE's kernel for the shape, the forward reduces
-    in that kernel's order, so that its output is TE's to the bit; elsewhere torch's layer_norm."""
+    The emulated backend's norm also follows TE's reduction order where it can
+    (harness.backends.emulated.TEOrderLayerNorm)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = bf16_values(self.weight)
         b = bf16_values(self.bias) if self.bias is not None else None
-        if b is not None and te_order_norm(x):
-            return _TEOrderLayerNorm.apply(x, w, b, self.eps)
         return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
-
-
-def te_order_norm(x: torch.Tensor) -> bool:
-    """Whether LayerNorm follows TE's kernel order: fp32 CUDA tensors of a shape te_layernorm covers."""
-    from harness.numerics.te_layernorm import kernel_layout
-
-    if not (x.is_cuda and x.dtype == torch.float32 and x.numel()):
-        return False
-    return kernel_layout(x.shape[-1], x.numel() // x.shape[-1]) is not None
 
 
 class RMSNorm(nn.RMSNorm):
@@ -87,9 +56,10 @@ class RMSNorm(nn.RMSNorm):
         return F.rms_norm(x, self.normalized_shape, bf16_values(self.weight), self.eps)
 
 
-def norm(cfg: ModelConfig) -> nn.Module:
+def norm(cfg: ModelConfig, layer_norm: type[nn.LayerNorm] = LayerNorm) -> nn.Module:
+    """The model's norm (`layer_norm`: the LayerNorm class a backend uses)."""
     if cfg.normalization == "LayerNorm":
-        return LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        return layer_norm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
     if cfg.normalization == "RMSNorm":
         return RMSNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
     raise ValueError(f"model.normalization={cfg.normalization}: use LayerNorm or RMSNorm")
@@ -154,9 +124,9 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops, index: int):
         super().__init__()
         prefix = f"blocks.{index}"
-        self.ln1 = norm(cfg)
+        self.ln1 = ops.norm(f"{prefix}.ln1", cfg)
         self.attn = Attention(cfg, ops, f"{prefix}.attn")
-        self.ln2 = norm(cfg)
+        self.ln2 = ops.norm(f"{prefix}.ln2", cfg)
         self.mlp = MLP(cfg, ops, f"{prefix}.mlp")
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
@@ -176,7 +146,7 @@ class GPT(nn.Module):
         self.blocks = (
             blocks if blocks is not None else nn.ModuleList(Block(cfg, ops, i) for i in range(cfg.num_layers))
         )
-        self.ln_f = norm(cfg)
+        self.ln_f = ops.norm("ln_f", cfg)
         # untied LM head; stays in high precision under every recipe (numerics.md section 1)
         self.lm_head = ops.linear("lm_head", cfg.hidden_size, cfg.vocab_size, False)
         if cfg.position_embedding == "rope":

@@ -191,15 +191,18 @@ def build_optimizer(
     model: nn.Module,
     cfg: OptimizerConfig,
     device: torch.device,
-    backend: str = "emulated",
+    *,
+    native: bool = False,
     full_master: bool = False,
 ) -> Optimizer:
-    """`full_master`: keep whole fp32 master weights (no bf16 + remainder trick), for TE INT4 QAT,
+    """The backend asks for its optimizer (Backend.build_optimizer). `native`: the parameters are
+    TE's bf16 ones (TE FusedAdam keeps the masters); else they are fp32 masters themselves.
+    `full_master`: keep whole fp32 master weights (no bf16 + remainder trick), for TE INT4 QAT,
     whose bf16 parameters hold the fake-quantized weights rather than bf16(master)."""
     groups = param_groups(model, cfg.weight_decay)
     params = [p for g in groups for p in g["params"]]
     hp = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
-    if backend != "te":
+    if not native:
         if cfg.use_precision_aware_optimizer:
             from harness.precision_adam import PrecisionAwareAdamW, install_main_grad_hooks
 

@@ -10,7 +10,8 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from harness.config.schema import ModelConfig, RecipeConfig, StabilityConfig
+from harness import recipes
+from harness.config.schema import ModelConfig, ModuleOverride, RecipeConfig, StabilityConfig
 
 _LAYER = re.compile(r"^blocks\.(\d+)\.")
 
@@ -18,6 +19,11 @@ _LAYER = re.compile(r"^blocks\.(\d+)\.")
 def layer_index(name: str) -> int | None:
     m = _LAYER.match(name)
     return int(m.group(1)) if m else None
+
+
+def _assigned(recipe: RecipeConfig) -> RecipeConfig | None:
+    """None for the recipe without a quantizer scheme (the BF16 baseline), else the recipe."""
+    return None if recipes.get(recipe.name).scheme is None else recipe
 
 
 def bf16_layers(stability: StabilityConfig, num_layers: int) -> set[int]:
@@ -38,21 +44,21 @@ class PrecisionPlan:
         """The recipe of module `name`, or None where it runs unquantized (BF16)."""
         if name == "lm_head" or layer_index(name) is None:
             return None
-        chosen: RecipeConfig | None = None if self.recipe.name == "bf16" else self.recipe
+        chosen = _assigned(self.recipe)
         if layer_index(name) in bf16_layers(self.stability, self.model.num_layers):
             chosen = None
         for ov in self.stability.overrides:
             if fnmatch.fnmatchcase(name, ov.pattern):
-                chosen = None if ov.recipe == "bf16" else self._preset(ov.recipe)
+                chosen = _assigned(self._override_recipe(ov))
         return chosen
 
-    def _preset(self, name: str) -> RecipeConfig:
-        if name == self.recipe.name:
+    def _override_recipe(self, ov: ModuleOverride) -> RecipeConfig:
+        """The override's full recipe: the run's own where it names the run's recipe, else the one
+        resolved when the config was loaded (or the registry's preset fields, for a bare plan)."""
+        if ov.recipe == self.recipe.name:
             return self.recipe
-        from harness.config.store import load_preset
-
-        return load_preset("recipe", name)
+        return ov.resolved if ov.resolved is not None else recipes.default_fields(ov.recipe)
 
     def quantized_modules(self, names: list[str]) -> dict[str, str]:
-        """name -> recipe name ('bf16' where unquantized), for run.json."""
-        return {n: (r.name if (r := self.recipe_for(n)) is not None else "bf16") for n in names}
+        """name -> recipe name (the BF16 baseline's where unquantized), for run.json."""
+        return {n: (r.name if (r := self.recipe_for(n)) is not None else recipes.BASELINE) for n in names}

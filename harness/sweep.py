@@ -98,6 +98,7 @@ class Validator:
         from harness.config.store import CONF_DIR, register
 
         register()
+        self.data_errors: dict[str, Exception | None] = {}
         self._ctx = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
         self._ctx.__enter__()
         return self
@@ -105,22 +106,37 @@ class Validator:
     def __exit__(self, *exc) -> None:
         self._ctx.__exit__(*exc)
 
+    def _check_data(self, cfg, check) -> None:
+        """The data checks once per distinct data setup; every job sharing a bad one gets its error."""
+        m = cfg.model
+        key = repr((cfg.data, m.vocab_size, m.seq_length, cfg.micro_batch_size, cfg.eval_tokens))
+        if key not in self.data_errors:
+            try:
+                check(cfg, set())
+                self.data_errors[key] = None
+            except Exception as exc:  # noqa: BLE001 - re-raised for every job with this data
+                self.data_errors[key] = exc
+        if self.data_errors[key] is not None:
+            raise self.data_errors[key]
+
     def verdict(self, job: Job) -> str:
+        """What the job's own start will say: the config rules and its data checks (as a multirun does)."""
         from hydra import compose
         from omegaconf import OmegaConf
 
+        from harness.callbacks import ValidateSweep
+        from harness.config import prepare
         from harness.config.schema import Config
-        from harness.config.validate import ConfigError, ConfigWarning, validate
-        from harness.hardware import resolve_hardware
+        from harness.config.validate import ConfigError, ConfigWarning, check_known_keys
 
         overrides = [o for o in job.overrides if not key_of(o).startswith("hydra.")]
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 dcfg = compose(config_name="config", overrides=overrides)
-                cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), dcfg))
-                cfg.hardware = resolve_hardware(cfg.hardware)
-                validate(cfg)
+                check_known_keys(dcfg)
+                cfg = prepare(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), dcfg)))
+                self._check_data(cfg, ValidateSweep._check_data)
         except ConfigError as exc:
             return f"error: {exc}"
         except Exception as exc:  # noqa: BLE001 - Hydra composition errors (unknown preset): one line

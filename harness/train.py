@@ -25,24 +25,25 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import checkpoint as ckpt
 from harness import metrics as M
+from harness import recipes
 from harness import resume as R
-from harness.artifacts import RunWriter, Summary, provenance, restore_rng, rng_state
-from harness.backends import build_backend
+from harness.artifacts import NullWriter, RunWriter, Summary, provenance, restore_rng, rng_state
+from harness.backends import BackendSpec, build_backend, resolve_backend_name
+from harness.config import prepare
 from harness.config.schema import Config
 from harness.config.store import CONF_DIR, register
-from harness.config.validate import ConfigError, ConfigWarning, check_known_keys, validate
+from harness.config.validate import ConfigError, ConfigWarning, check_known_keys
 from harness.data import build_data
 from harness.divergence import DivergenceMonitor
-from harness.hardware import device_for, resolve_hardware
-from harness.loggers import open_logger
+from harness.hardware import device_for
+from harness.loggers import NullLogger, open_logger
 from harness.memory import breakdown
 from harness.model import count_params, flops_per_token
-from harness.optim import build_optimizer, clip_grad, lr_at, set_lr
+from harness.optim import clip_grad, lr_at, set_lr
 from harness.runlock import RunDirLocked, RunLock
 from harness.signals import StopRequest, exit_after_preemption
 
 log = logging.getLogger("lowp")
-RECIPE_PEAK = {"delayed": "fp8", "tensorwise": "fp8", "blockwise": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 
 USER_ERRORS = (ConfigError, RunDirLocked, ckpt.CheckpointError, OSError)
@@ -68,29 +69,45 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class Trainer:
-    """Owns one run's objects; `fit()` runs the loop and returns the summary."""
+def backend_spec(cfg: Config) -> BackendSpec:
+    """The slices of `cfg` a backend is built from (backend=auto resolved here)."""
+    return BackendSpec(
+        name=resolve_backend_name(cfg.backend.name, cfg.recipe.name),
+        recipe=cfg.recipe,
+        stability=cfg.stability,
+        model=cfg.model,
+        optimizer=cfg.optimizer,
+        seed=cfg.seed,
+    )
 
-    def __init__(self, cfg: Config, run_dir: Path, stop: StopRequest | None = None):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.stop = stop or StopRequest()
+
+class Trainer:
+    """Owns one run's objects; `fit()` runs the loop and returns the summary.
+
+    `cfg` is a loaded config (`harness.config.load`); `writer` receives the run directory's rows and
+    `logger` the tracker's (both null sinks when left out: a benchmark timing `train_step` alone)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        writer: RunWriter | None = None,
+        logger=None,
+        stop: StopRequest | None = None,
+    ):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.stop = stop or StopRequest()  # set by a signal: checkpoint and stop at the step boundary
         self.start_step = 0
         self.checkpoint_interval = checkpoint_interval(cfg)
         self.divergence = DivergenceMonitor(cfg.divergence)
-        self.writer: RunWriter | None = None
-        self.logger = None
+        self.writer = writer if writer is not None else NullWriter()
+        self.logger = logger if logger is not None else NullLogger()
         self.device = device_for(cfg.hardware)
         seed_everything(cfg.seed)
         self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
-        self.backend = build_backend(cfg, self.device)
+        self.backend = build_backend(backend_spec(cfg), self.device)
         self.model = self.backend.build_model()
-        self.optimizer = build_optimizer(
-            self.model,
-            cfg.optimizer,
-            self.device,
-            self.backend.name,
-            full_master=cfg.recipe.name == "int4_qat",
-        )
+        self.optimizer = self.backend.build_optimizer(self.model, cfg.optimizer)
         self.backend.prepare(self.model, self.optimizer)
         self.accum = cfg.global_batch_size // cfg.micro_batch_size
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
@@ -207,15 +224,23 @@ class Trainer:
 
     def checkpoint(self, step: int, summary: Summary) -> None:
         t0 = time.perf_counter()
-        path = ckpt.save(self.run_dir, step + 1, self.state_dict(step + 1, summary), self.cfg.checkpoint_keep)
+        try:
+            path = ckpt.save(
+                self.run_dir, step + 1, self.state_dict(step + 1, summary), self.cfg.checkpoint_keep
+            )
+        except OSError as exc:
+            raise ckpt.CheckpointError(
+                f"cannot write checkpoint {step + 1} under {self.run_dir / ckpt.DIRNAME} "
+                f"({exc.strerror or exc}); "
+                "free space or make it writable and restart to resume (the earlier checkpoints are intact)"
+            ) from exc
         log.info("checkpoint %s (%.2fs)", path, time.perf_counter() - t0)
 
     def _due(self, interval: int, step: int) -> bool:
         return interval > 0 and (step + 1) % interval == 0 and step + 1 < self.cfg.steps
 
-    def fit(self, summary: Summary, logger) -> Summary:
+    def fit(self, summary: Summary) -> Summary:
         cfg, t0 = self.cfg, time.perf_counter()
-        self.logger = logger
         warm = min(cfg.bench_warmup_steps, max(cfg.steps - 1, 0))
         interval = self.checkpoint_interval
         for step in range(self.start_step, cfg.steps):
@@ -306,27 +331,55 @@ class Trainer:
         if ms:
             summary.step_time_ms = ms
             summary.tokens_per_s = self.tokens_per_step / (ms / 1e3)
-            tflops = summary.tokens_per_s * self.flops_per_token / 1e12
-            quantized = cfg.recipe.name in RECIPE_PEAK
-            emulated_speed = self.backend.name == "emulated" and quantized
-            bf16_peak, own_peak = self._peak("bf16"), self._peak(RECIPE_PEAK.get(cfg.recipe.name, "bf16"))
-            # emulated speed is not the recipe's speed: no MFU claimed for it
-            summary.mfu_bf16_peak = tflops / bf16_peak if bf16_peak and not emulated_speed else None
-            summary.mfu_recipe_peak = tflops / own_peak if own_peak and not emulated_speed else None
+            spec = recipes.get(cfg.recipe.name)
+            summary.mfu_bf16_peak, summary.mfu_recipe_peak = M.summary_mfu(
+                summary.tokens_per_s * self.flops_per_token / 1e12,
+                bf16_peak=self._peak("bf16"),
+                recipe_peak=self._peak(spec.peak_dtype),
+                # emulated speed is not the recipe's speed: no MFU claimed for it
+                emulated=self.backend.name == "emulated" and spec.quantizes_gemms,
+            )
 
 
 def run(
     cfg: Config, run_dir: Path, stop: StopRequest | None = None, resume_command: str | None = None
 ) -> Summary:
-    """Validate, train (or resume) and write one complete run directory; returns its summary.
+    """Train (or resume) and write one complete run directory; returns its summary.
 
-    One process at a time writes a run dir (RunLock). With a checkpoint there and resume=auto|must,
-    the run continues from it; a failure is recorded in summary.json and error.txt, then re-raised."""
-    cfg.hardware = resolve_hardware(cfg.hardware)
-    validate(cfg)
+    `cfg` comes from `harness.config.load` (or a composed Config: it is prepared here the same way,
+    hardware resolved, stability overrides resolved, validated) before anything is written. One
+    process at a time writes a run dir (RunLock); with a checkpoint there and resume=auto|must the run
+    continues from it; a failure is recorded in summary.json and error.txt, then re-raised."""
+    cfg = prepare(cfg)
     run_dir = Path(run_dir)
     with RunLock(run_dir):
-        return _run_locked(cfg, run_dir, stop or StopRequest(), resume_command)
+        found = _resume_point(cfg, run_dir)
+        previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
+        if found:
+            dropped = R.truncate_rows(run_dir, found[1])
+            log.info("resuming %s from %s (rows dropped after its step: %s)", run_dir, found[0].name, dropped)
+        backend_name = resolve_backend_name(cfg.backend.name, cfg.recipe.name)
+        summary = Summary(
+            recipe=cfg.recipe.name,
+            variant=variant(cfg),
+            hardware=cfg.hardware.name,
+            model=cfg.model.name,
+            data=cfg.data.name,
+            seed=cfg.seed,
+        )
+        config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+        with open_logger(
+            cfg.logger,
+            run_dir=run_dir,
+            name=cfg.name or f"{cfg.recipe.name}-s{cfg.seed}",
+            group=_sweep_group(run_dir),
+            job_type=cfg.recipe.name,
+            tags=[cfg.recipe.name, backend_name, variant(cfg)],
+            config=config,
+            run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
+        ) as logger:
+            job = _Job(cfg, run_dir, summary, config, logger, stop or StopRequest(), found, previous)
+            return job.train(resume_command)
 
 
 def _resume_point(cfg: Config, run_dir: Path) -> tuple[Path, int, dict] | None:
@@ -339,6 +392,11 @@ def _resume_point(cfg: Config, run_dir: Path) -> tuple[Path, int, dict] | None:
             log.warning("resume=never: the earlier files of %s are kept in %s", run_dir, moved)
         return None
     found = ckpt.load_latest(run_dir)
+    if found is None and ckpt.candidates(run_dir):
+        raise ckpt.CheckpointError(
+            f"run dir {run_dir} holds checkpoints but none is usable (see the warnings above); start fresh "
+            "with resume=never (moves them aside) or use a new hydra.run.dir"
+        )
     if found is None:
         if cfg.resume == "must":
             raise ConfigError(
@@ -353,50 +411,30 @@ def _resume_point(cfg: Config, run_dir: Path) -> tuple[Path, int, dict] | None:
     return found
 
 
-def _run_locked(cfg: Config, run_dir: Path, stop: StopRequest, resume_command: str | None) -> Summary:
-    found = _resume_point(cfg, run_dir)
-    try:
-        trainer = Trainer(cfg, run_dir, stop)
-    except ValueError as exc:  # bad data path, vocab, unsupported recipe: config problems, before any work
-        raise ConfigError(str(exc)) from exc
-    summary = Summary(
-        recipe=cfg.recipe.name,
-        variant=variant(cfg),
-        hardware=cfg.hardware.name,
-        model=cfg.model.name,
-        data=cfg.data.name,
-        seed=cfg.seed,
-    )
-    previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
-    if found:
-        trainer.load_state_dict(found[2], summary)
-        dropped = R.truncate_rows(run_dir, found[1])
-        log.info(
-            "resuming %s from step %d (%s; dropped rows after it: %s)",
-            run_dir,
-            found[1],
-            found[0].name,
-            dropped,
-        )
-    writer = trainer.writer = RunWriter(run_dir, append=found is not None)
-    t0 = time.perf_counter()
-    try:
-        summary.backend = trainer.backend.name
-        run_json = _run_json(cfg, trainer, previous, found[1] if found else None)
-        writer.write_run(run_json)
-        name = cfg.name or f"{cfg.recipe.name}-s{cfg.seed}"
-        with open_logger(
-            cfg.logger,
-            run_dir=run_dir,
-            name=name,
-            group=_sweep_group(run_dir),
-            job_type=cfg.recipe.name,
-            tags=[cfg.recipe.name, trainer.backend.name, variant(cfg)],
-            config=run_json["config"],
-            run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
-        ) as logger:
-            run_json["wandb"] = logger.describe()
-            writer.write_run(run_json)
+class _Job:
+    """One attempt of one run: what `run` opened, handed to the trainer."""
+
+    def __init__(self, cfg, run_dir, summary, config, logger, stop, found, previous):
+        self.cfg, self.run_dir, self.summary, self.config, self.logger = cfg, run_dir, summary, config, logger
+        self.stop, self.found, self.previous = stop, found, previous
+
+    def train(self, resume_command: str | None) -> Summary:
+        """Build the trainer, fit, and write the summary on every way out (atomic, also on failure)."""
+        cfg, run_dir, summary, logger, found = self.cfg, self.run_dir, self.summary, self.logger, self.found
+        writer = RunWriter(run_dir, append=found is not None)
+        try:
+            trainer = Trainer(cfg, run_dir, writer, logger, self.stop)
+        except (
+            ValueError
+        ) as exc:  # bad data path, vocab, unsupported recipe: config problems, before any work
+            raise ConfigError(str(exc)) from exc
+        t0 = time.perf_counter()
+        try:
+            if found:
+                trainer.load_state_dict(found[2], summary)
+            summary.backend = trainer.backend.name
+            run_json = _run_json(self.config, cfg, trainer, self.previous, found[1] if found else None)
+            writer.write_run({**run_json, "wandb": logger.describe()})
             log.info(
                 "run dir %s  (backend=%s, recipe=%s, hardware=%s)",
                 run_dir,
@@ -411,32 +449,29 @@ def _run_locked(cfg: Config, run_dir: Path, stop: StopRequest, resume_command: s
                 summary.status = "completed"
                 log.info("run %s is already complete (step %d)", run_dir, trainer.start_step)
             else:
-                trainer.fit(summary, logger)
+                trainer.fit(summary)
             trainer.finalize(summary)
             summary.wall_time_s = time.perf_counter() - t0
             if summary.status == "preempted":
                 logger.mark_preempting()
             logger.summary(asdict(summary))
-    except BaseException as exc:  # noqa: BLE001 - the summary must say how the run ended, then re-raise
-        summary.status = "preempted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        summary.error = f"{type(exc).__name__}: {exc}".strip()
-        writer.error(f"{summary.error}\n\n{traceback.format_exc()}")
-        user = isinstance(exc, USER_ERRORS)
-        log.error(
-            "run %s: %s%s",
-            summary.status,
-            summary.error,
-            "" if user else f" (traceback in {run_dir}/error.txt)",
-        )
-        raise
-    finally:
-        summary.wall_time_s = time.perf_counter() - t0
-        writer.summary(summary)
-        writer.close()
-    return summary
+        except BaseException as exc:  # noqa: BLE001 - the summary must say how the run ended, then re-raise
+            summary.status = "preempted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            summary.error = f"{type(exc).__name__}: {exc}".strip()
+            writer.error(f"{summary.error}\n\n{traceback.format_exc()}")
+            where = "" if isinstance(exc, USER_ERRORS) else f" (traceback in {run_dir}/error.txt)"
+            log.error("run %s: %s%s", summary.status, summary.error, where)
+            raise
+        finally:
+            summary.wall_time_s = time.perf_counter() - t0
+            writer.summary(summary)
+            writer.close()
+        return summary
 
 
-def _run_json(cfg: Config, trainer: Trainer, previous: dict | None, resumed_from: int | None) -> dict:
+def _run_json(
+    config: dict, cfg: Config, trainer: Trainer, previous: dict | None, resumed_from: int | None
+) -> dict:
     prov = provenance(
         backend=trainer.backend.describe(),
         hardware=cfg.hardware.name,
@@ -452,7 +487,7 @@ def _run_json(cfg: Config, trainer: Trainer, previous: dict | None, resumed_from
     )
     attempts = (previous or {}).get("attempts", []) + [R.attempt(resumed_from)]
     return {
-        "config": OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True),
+        "config": config,
         "provenance": prov,
         "wandb": None,
         "attempts": attempts,

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from harness.backends import build_backend
 from harness.config.store import compose
 from harness.loss import loss_fn
+from harness.train import backend_spec
 
 TARGETS = {"delayed": 2.0, "tensorwise": 2.0, "blockwise": 2.0, "mxfp8": 2.0, "nvfp4": 3.0}
 
@@ -35,7 +36,7 @@ def make_arm(recipe: str, model: str, batch: int, seq: int, device: torch.device
             ]
         )
     )
-    backend = build_backend(cfg, device)
+    backend = build_backend(backend_spec(cfg), device)
     torch.manual_seed(0)
     net = backend.build_model()
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)

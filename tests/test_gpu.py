@@ -62,14 +62,15 @@ def test_blackwell_recipes_refused_on_hopper_with_reason(recipe):
 @needs_te
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
 def test_auto_picks_emulated_for_blackwell_recipes_on_hopper(recipe):
-    from harness.backends.base import resolve_backend_name
+    from harness.backends import resolve_backend_name
     from harness.backends.capability import te_recipe_available
 
     ok, reason = te_recipe_available(recipe)
     if ok:
         pytest.skip("this GPU runs it natively")
     assert reason  # TE's own reason
-    assert resolve_backend_name(compose_cfg(*GPU_TINY, f"recipe={recipe}", "backend=auto")) == "emulated"
+    cfg = compose_cfg(*GPU_TINY, f"recipe={recipe}", "backend=auto")
+    assert resolve_backend_name(cfg.backend.name, cfg.recipe.name) == "emulated"
 
 
 @needs_cuda

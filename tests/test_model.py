@@ -7,6 +7,7 @@ import torch
 
 from harness.backends import build_backend
 from harness.model import count_params, flops_per_token
+from harness.train import backend_spec
 from tests.helpers import compose_cfg
 
 # parameter counts of anchors.md's models (anchor_gpt.py printed params_M 1418.4 and 1636.9 on the H200)
@@ -17,7 +18,7 @@ ANCHOR_PARAMS = {"gpt_1b": 1_418_399_744, "gpt_8b_slice": 1_636_933_632}
 def test_large_presets_build_on_meta(preset):
     cfg = compose_cfg(f"model={preset}", "backend=emulated")
     with torch.device("meta"):  # allocate nothing: the 1.6B presets would take minutes to init on a CPU
-        model = build_backend(cfg, torch.device("meta")).build_model()
+        model = build_backend(backend_spec(cfg), torch.device("meta")).build_model()
     n = count_params(model)
     assert all(p.device.type == "meta" for p in model.parameters())
     if preset in ANCHOR_PARAMS:
@@ -38,7 +39,7 @@ def test_flops_per_token_matches_anchor_formula():
 def test_forward_shapes_and_causality():
     cfg = compose_cfg("model=gpt_tiny", "backend=emulated")
     torch.manual_seed(0)
-    model = build_backend(cfg, torch.device("cpu")).build_model()
+    model = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
     idx = torch.randint(0, 256, (2, 16))
     logits = model(idx)
     assert logits.shape == (2, 16, 256)

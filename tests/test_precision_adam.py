@@ -286,11 +286,12 @@ def test_memory_bytes_and_bad_dtypes():
 
 def gpt_tiny_losses(steps: int, **dtypes) -> list[float]:
     from harness.backends import build_backend
+    from harness.train import backend_spec
     from tests.helpers import compose_cfg
 
     cfg = compose_cfg("model=gpt_tiny", "recipe=bf16")
     torch.manual_seed(0)
-    model = build_backend(cfg, torch.device("cpu")).build_model()
+    model = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
     motif = torch.randint(0, 256, (8, 16), generator=torch.Generator().manual_seed(1))
     data = motif.repeat(1, 5)[:, :65]  # (8, 65): a period-16 sequence per row, learnable in-context
     x, y = data[:, :-1], data[:, 1:]

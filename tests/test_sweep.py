@@ -75,7 +75,9 @@ def test_unknown_sweep_and_bad_options_are_one_line_exit_2(capsys):
 
 
 def test_dry_run_lists_every_job_with_its_verdict(capsys, tmp_path):
-    assert S.main(["hopper_matrix", "--dry-run", f"hydra.sweep.dir={tmp_path / 's'}"]) == 0
+    # a smaller markov stream than the file's (its data check builds the stream): same 18 verdicts
+    small = ["data.num_tokens=400000", "eval_tokens=8192"]
+    assert S.main(["hopper_matrix", "--dry-run", *small, f"hydra.sweep.dir={tmp_path / 's'}"]) == 0
     out = capsys.readouterr().out
     assert "18 jobs (0 finished, 18 to run, 0 invalid)" in out
     assert out.count(" ok") == 18 and "warning: recipe=nvfp4 without" in out
@@ -127,3 +129,14 @@ def test_a_failed_job_never_stops_the_sweep_and_counts_in_the_exit_code(tmp_path
     assert "[1/1] 1_broken_s0" in again.stderr and "0_bf16_s0" not in again.stderr
     assert (sweep_dir / "0_bf16_s0" / "metrics.jsonl").stat().st_mtime_ns == before
     assert Path(sweep_dir / "jobs.yaml").exists()
+
+
+def test_dry_run_checks_each_jobs_data_too(capsys, tmp_path):
+    own = tmp_path / "short_eval.yaml"
+    own.write_text(
+        "overrides: [model=gpt_tiny, data.num_tokens=20000, eval_tokens=4096, micro_batch_size=4]\n"
+        "arms:\n  tensorwise: [recipe=tensorwise, backend=emulated]\n"
+    )
+    assert S.main([str(own), "--dry-run"]) == 2
+    out = capsys.readouterr().out
+    assert out.count("error: eval_tokens=4096") == 2 and "hold out more" in out

@@ -98,11 +98,12 @@ def test_loss_decreases_on_markov(tmp_path):
 
 def test_gradient_accumulation_matches_big_batch(tmp_path):
     """4 micro-batches of 1 give the gradient of 1 micro-batch of 4 (same sequences)."""
+    from harness.config import load
     from harness.train import Trainer
 
     base = [*TINY, "steps=1"]
-    big = Trainer(compose_cfg(*base, "micro_batch_size=4", "global_batch_size=4"), tmp_path)
-    acc = Trainer(compose_cfg(*base, "micro_batch_size=1", "global_batch_size=4"), tmp_path)
+    big = Trainer(load([*base, "micro_batch_size=4", "global_batch_size=4"]), tmp_path)
+    acc = Trainer(load([*base, "micro_batch_size=1", "global_batch_size=4"]), tmp_path)
     x, y = next(big.batches)
     xs = list(zip(x.split(1), y.split(1)))
     acc.batches = iter(xs)

@@ -1,23 +1,51 @@
-"""The backend seam: build the model for a recipe and provide the one precision context."""
+"""The backend seam: build the model for a recipe and provide the one precision context.
+
+A backend is built from the config slices it needs (`BackendSpec`), never from the root config:
+the recipe, the stability knobs, the model shape and the optimizer slice, plus the seed.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from harness.config.schema import Config
+from harness import recipes
+from harness.backends.hooks import make_hook
+from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
 from harness.precision import PrecisionPlan
 
 
-def uses_main_grads(cfg: Config) -> bool:
+def uses_main_grads(o: OptimizerConfig) -> bool:
     """Megatron's fp32 main grads (master weights, main_grads_dtype=fp32): TE's block linears then
     write their wgrad GEMM's fp32 output straight into `main_grad` (fuse_wgrad_accumulation), so no
     bf16 weight gradient is ever made; the emulated block linears keep their wgrad fp32 alike."""
-    o = cfg.optimizer
     return o.master_weights and o.main_grads_dtype == "fp32"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """What a backend is built from: config slices (no root config) and the run's seed."""
+
+    name: str
+    """te or emulated (already resolved from backend=auto)."""
+    recipe: RecipeConfig
+    stability: StabilityConfig
+    model: ModelConfig
+    optimizer: OptimizerConfig
+    seed: int = 0
+
+    @property
+    def plan(self) -> PrecisionPlan:
+        return PrecisionPlan(self.recipe, self.stability, self.model)
+
+    @property
+    def fuse_wgrad_fp32(self) -> bool:
+        """Block linears write their wgrad GEMM's fp32 result into fp32 main grads (Megatron's)."""
+        return uses_main_grads(self.optimizer)
 
 
 class Backend(ABC):
@@ -25,22 +53,30 @@ class Backend(ABC):
 
     name: str
 
-    def __init__(self, cfg: Config, device: torch.device):
-        self.cfg = cfg
+    def __init__(self, spec: BackendSpec, device: torch.device):
+        self.spec = spec
         self.device = device
-        self.plan = PrecisionPlan(cfg.recipe, cfg.stability, cfg.model)
+        self.plan = spec.plan
+        self.recipe_spec = recipes.get(spec.recipe.name)
+        self.hook = make_hook(self.recipe_spec.hook, spec.recipe)
 
     @abstractmethod
     def build_model(self) -> nn.Module:
-        """The GPT for cfg.model, on self.device, fp32 master weights."""
+        """The GPT for spec.model, on self.device, fp32 master weights."""
 
     @abstractmethod
     def autocast(self) -> contextlib.AbstractContextManager:
         """The single context under which forward (and loss) run."""
 
+    def build_optimizer(self, model: nn.Module, cfg: OptimizerConfig):
+        """The optimizer for this backend's parameters (harness.optim: where grads and states live)."""
+        from harness.optim import build_optimizer
+
+        return build_optimizer(model, cfg, self.device, native=False)
+
     def describe(self) -> dict:
         """Provenance for run.json: the backend, the recipe's repr, library versions."""
-        return {"backend": self.name, "recipe_repr": repr(self.cfg.recipe)}
+        return {"backend": self.name, "recipe_repr": repr(self.spec.recipe)}
 
     def verify_active(self, model: nn.Module, step: int) -> None:  # noqa: B027
         """Prove at runtime that the recipe is really applied; raise if it silently is not."""
@@ -88,23 +124,3 @@ class Backend(ABC):
         result = model.load_state_dict({own[k]: v for k, v in state.items()}, strict=False)
         assert not result.unexpected_keys, result.unexpected_keys
 
-
-def resolve_backend_name(cfg: Config) -> str:
-    """te or emulated, from backend.name (auto: te where it can run the recipe natively)."""
-    if cfg.backend.name != "auto":
-        return cfg.backend.name
-    from harness.backends.capability import te_recipe_available
-
-    ok, _ = te_recipe_available(cfg.recipe.name)
-    return "te" if ok else "emulated"
-
-
-def build_backend(cfg: Config, device: torch.device) -> Backend:
-    name = resolve_backend_name(cfg)
-    if name == "te":
-        from harness.backends.te import TEBackend
-
-        return TEBackend(cfg, device)
-    from harness.backends.emulated import EmulatedBackend
-
-    return EmulatedBackend(cfg, device)

@@ -5,13 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 
-_TE_CHECKS = {
-    "delayed": "is_fp8_available",
-    "tensorwise": "is_fp8_available",
-    "blockwise": "is_fp8_block_scaling_available",
-    "mxfp8": "is_mxfp8_available",
-    "nvfp4": "is_nvfp4_available",
-}
+from harness import recipes
 
 
 @functools.cache
@@ -41,7 +35,7 @@ def te_recipe_available(recipe: str) -> tuple[bool, str]:
         return False, "no CUDA device"
     if te_installed_version() is None:
         return False, "transformer_engine is not installed"
-    check = _TE_CHECKS.get(recipe)
+    check = recipes.get(recipe).te_check
     if check is None:
         return True, ""
     import transformer_engine.pytorch as te
@@ -52,3 +46,11 @@ def te_recipe_available(recipe: str) -> tuple[bool, str]:
     except TypeError:
         ok, reason = fn(), ""
     return bool(ok), str(reason)
+
+
+def resolve_backend_name(backend: str, recipe: str) -> str:
+    """te or emulated, from backend.name (auto: te where it can run the recipe natively)."""
+    if backend != "auto":
+        return backend
+    ok, _ = te_recipe_available(recipe)
+    return "te" if ok else "emulated"

@@ -20,35 +20,27 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness.backends.base import Backend, uses_main_grads
-from harness.model import GPT
+from harness import recipes
+from harness.backends.base import Backend, BackendSpec
+from harness.backends.hooks import make_hook
+from harness.model import GPT, LayerNorm, bf16_values, norm
 from harness.numerics import NumericsContext, QuantizedLinear
 from harness.numerics.formats import E4M3, cast_fp8
-from harness.numerics.int4 import fake_int4
+from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm
 
 BF16 = torch.bfloat16
 
-# Where TE 2.20.2's TransformerLayer casts an operand to FP8 inside the kernel that computes it, from
-# fp32, with no bf16 rounding in between (csrc/extensions/normalization.cpp and activation.cpp pick
-# FULLY_FUSED for Float8Quantizer -- delayed scaling -- and for MXFP8; layernorm_mlp.py's _act_func
-# fuses dbias+dgelu+cast for delayed and MXFP8). Elsewhere (tensorwise, blockwise, NVFP4; SwiGLU's
-# backward) the producer writes bf16 and a separate cast quantizes that. Keys: the linear's last name.
-#   input: qkv and fc1 read the norm output (LayerNormLinear / LayerNormMLP; MXFP8's fused norm needs
-#          NVTE_NORM_FWD_USE_CUDNN=1, not set by lowp), fc2 reads the activation output;
-#   grad:  fc1's grad output is the activation's backward (GELU only).
-TE_FUSED_CASTS = {
-    "input": {"qkv": ("delayed",), "fc1": ("delayed",), "fc2": ("delayed", "mxfp8")},
-    "grad": {"fc1": ("delayed", "mxfp8")},
-}
-
 
 def fused_casts(name: str, recipe: str, activation: str) -> dict[str, bool]:
-    """QuantizedLinear's fused-cast flags for the linear `name` (e.g. blocks.0.mlp.fc1)."""
+    """QuantizedLinear's fused-cast flags for the linear `name` (e.g. blocks.0.mlp.fc1) under the
+    recipe named `recipe`: where TE casts an operand inside the kernel that makes it
+    (RecipeSpec.fused_casts says where and why)."""
     leaf = name.rsplit(".", 1)[-1]
-    fused_in = recipe in TE_FUSED_CASTS["input"].get(leaf, ())
-    fused_grad = activation == "gelu" and recipe in TE_FUSED_CASTS["grad"].get(leaf, ())
+    fused = recipes.get(recipe).fused_casts
+    fused_in = leaf in fused.get("input", ())
+    fused_grad = activation == "gelu" and leaf in fused.get("grad", ())
     # fc1's output feeds the activation: keep it fp32 when the activation's cast or backward is fused
-    feeds_fused_act = leaf == "fc1" and recipe in TE_FUSED_CASTS["input"]["fc2"]
+    feeds_fused_act = leaf == "fc1" and "fc2" in fused.get("input", ())
     return {"fused_input_cast": fused_in, "fused_grad_cast": fused_grad, "fp32_output": feeds_fused_act}
 
 
@@ -93,19 +85,19 @@ class _BF16LinearFP32WGrad(torch.autograd.Function):
         return dx, dw, db
 
 
-class Int4QAT:
-    """miles' INT4 fake QAT on the weight (straight-through), then the BF16 GEMM."""
+class FakeQuantLinear:
+    """A recipe hook's fake-quantized weight (INT4 QAT: straight-through), then the BF16 GEMM."""
 
-    def __init__(self, group_size: int):
-        self.group_size = group_size
+    def __init__(self, hook):
+        self.hook = hook
         self.calls = 0
 
     def linear(self, x, weight, bias):
         self.calls += 1
-        return bf16_linear(x, fake_int4(weight.to(BF16), self.group_size), bias)
+        return bf16_linear(x, self.hook.weight(weight.to(BF16)), bias)
 
     def __repr__(self) -> str:
-        return f"int4_qat(group={self.group_size}, ste, bf16 gemm)"
+        return repr(self.hook)
 
 
 class EmulatedLinear(nn.Module):
@@ -177,6 +169,48 @@ class Activation(nn.Module):
         return self.kind + (", fp8_input_store" if self.fp8_input_store else "")
 
 
+class _TEOrderLayerNorm(torch.autograd.Function):
+    """Forward: TE's kernel order (harness.numerics.te_layernorm); backward: torch's layer_norm's."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, eps, fma):
+        ctx.save_for_backward(x, w, b)
+        ctx.eps = eps
+        return te_layer_norm(x, w, b, eps, fma)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w, b = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(need) for t, need in zip((x, w, b), ctx.needs_input_grad)]
+            y = F.layer_norm(leaves[0], x.shape[-1:], leaves[1], leaves[2], ctx.eps)
+            wanted = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(y, wanted, gy) if wanted else ())
+        return *(next(grads) if t.requires_grad else None for t in leaves), None, None
+
+
+class TEOrderLayerNorm(LayerNorm):
+    """The model's LayerNorm (fp32 from bf16 values); on CUDA, where harness.numerics.te_layernorm
+    covers TE's kernel for the shape, the forward reduces in that kernel's order, so that its output
+    is TE's to the bit; elsewhere torch's layer_norm. `fma`: where that kernel fuses multiply-adds
+    (te_layernorm.FMA_SITES, settled on the H200)."""
+
+    fma = FMA_SITES
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None and te_order_norm(x):
+            w, b = bf16_values(self.weight), bf16_values(self.bias)
+            return _TEOrderLayerNorm.apply(x, w, b, self.eps, self.fma)
+        return super().forward(x)
+
+
+def te_order_norm(x: torch.Tensor) -> bool:
+    """Whether LayerNorm follows TE's kernel order: fp32 CUDA tensors of a shape te_layernorm covers."""
+    if not (x.is_cuda and x.dtype == torch.float32 and x.numel()):
+        return False
+    return kernel_layout(x.shape[-1], x.numel() // x.shape[-1]) is not None
+
+
 class EmulatedOps:
     def __init__(self, backend: EmulatedBackend):
         self.backend = backend
@@ -188,28 +222,36 @@ class EmulatedOps:
         return EmulatedLinear(name, in_features, out_features, bias, quant, self.backend.wgrad_fp32(name))
 
     def activation(self, name: str, kind: str) -> nn.Module:
-        return Activation(name, kind, self.backend.cfg.optimizer.activation_func_fp8_input_store)
+        return Activation(name, kind, self.backend.spec.optimizer.activation_func_fp8_input_store)
+
+    def norm(self, name: str, cfg) -> nn.Module:
+        return norm(cfg, TEOrderLayerNorm)
 
 
 class EmulatedBackend(Backend):
     name = "emulated"
 
-    def __init__(self, cfg, device: torch.device):
-        super().__init__(cfg, device)
-        self.numerics = NumericsContext(device, seed=cfg.seed)
+    def __init__(self, spec: BackendSpec, device: torch.device):
+        super().__init__(spec, device)
+        self.numerics = NumericsContext(device, seed=spec.seed)
         self.linear_names: list[str] = []
-        self.modules: dict[str, QuantizedLinear | Int4QAT] = {}
+        self.modules: dict[str, QuantizedLinear | FakeQuantLinear] = {}
 
     def wgrad_fp32(self, name: str) -> bool:
         """TE's block linears (not the LM head, a plain BF16 nn.Linear there) write fp32 weight
         grads when Megatron's fp32 main grads are on; INT4 QAT never fuses them (numerics.md)."""
-        return name.startswith("blocks.") and uses_main_grads(self.cfg) and self.cfg.recipe.name != "int4_qat"
+        return (
+            name.startswith("blocks.")
+            and self.spec.fuse_wgrad_fp32
+            and getattr(self.hook, "fuses_wgrad", True)
+        )
 
-    def make_numerics(self, name: str, recipe) -> QuantizedLinear | Int4QAT:
-        if recipe.name == "int4_qat":
-            quant = Int4QAT(recipe.int4_group_size)
+    def make_numerics(self, name: str, recipe) -> QuantizedLinear | FakeQuantLinear:
+        spec = recipes.get(recipe.name)
+        if spec.hook is not None:
+            quant = FakeQuantLinear(make_hook(spec.hook, recipe))
         else:
-            stab = self.cfg.stability
+            stab = self.spec.stability
             quant = QuantizedLinear(
                 name,
                 recipe,
@@ -217,14 +259,14 @@ class EmulatedBackend(Backend):
                 fp8_wgrad=stab.fp8_wgrad,
                 margin=stab.fp8_margin,
                 wgrad_fp32=self.wgrad_fp32(name),
-                **fused_casts(name, recipe.name, self.cfg.model.activation),
+                **fused_casts(name, recipe.name, self.spec.model.activation),
             )
         self.modules[name] = quant
         return quant
 
     def build_model(self) -> nn.Module:
         self.linear_names, self.modules = [], {}  # describe() and verify_active() see this model
-        return GPT(self.cfg.model, EmulatedOps(self)).to(self.device)
+        return GPT(self.spec.model, EmulatedOps(self)).to(self.device)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         # bf16 rounding lives in the GEMMs themselves (bf16_linear); this context only times
@@ -239,7 +281,7 @@ class EmulatedBackend(Backend):
         out = super().describe()
         out["quantized_modules"] = self.plan.quantized_modules(self.linear_names)
         out["numerics"] = {name: repr(q) for name, q in self.modules.items()}
-        o, notes = self.cfg.optimizer, []
+        o, notes = self.spec.optimizer, []
         if o.fp8_param:
             notes.append(
                 "optimizer.fp8_param=true changes no number here: TE quantizes its FP8 primary weights "
@@ -259,7 +301,7 @@ class EmulatedBackend(Backend):
         """Raise if a module the plan quantizes never ran its quantized path."""
         idle = [name for name, q in self.modules.items() if q.calls == 0]
         if idle:
-            raise RuntimeError(f"recipe {self.cfg.recipe.name}: quantized modules never ran: {idle}")
+            raise RuntimeError(f"recipe {self.spec.recipe.name}: quantized modules never ran: {idle}")
         states = self.numerics.forward_states.values()
         if step > 0 and states and all(bool((s.scale == 1).all()) for s in states):
             raise RuntimeError("delayed scaling: no scale moved from 1 after the first step")

@@ -10,100 +10,32 @@ Megatron does; a block whose stability override names another recipe gets a nest
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 
 import torch
 import torch.nn as nn
 
-from harness.backends.base import Backend, uses_main_grads
-from harness.config.schema import Config, RecipeConfig, StabilityConfig
-from harness.config.validate import LOWP_SET_NVTE, NVTE_FROM_CONFIG, NVTE_RECIPE
-from harness.model import GPT
+from harness import recipes
+from harness.backends.base import Backend, BackendSpec
+from harness.backends.te_env import set_nvte_env
+from harness.backends.te_recipe import build_te_recipe
+from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
+from harness.model import GPT, norm
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 # te.TransformerLayer's GEMM weights (fuse_qkv_params=True), the ones INT4 QAT fake-quantizes
 TE_WEIGHTS = ("layernorm_qkv.weight", "proj.weight", "fc1_weight", "fc2_weight")
 
 
-def set_nvte_env(cfg: Config) -> dict[str, str]:
-    """Set the NVTE_* defaults TE reads at import from config (fields are also set explicitly)."""
-    env = {
-        var: value_of(cfg)
-        for var, value_of in NVTE_FROM_CONFIG.items()
-        if NVTE_RECIPE[var] == cfg.recipe.name
-    }
-    for var, value in env.items():
-        if var not in os.environ or LOWP_SET_NVTE.get(var) == os.environ[var]:
-            os.environ[var] = value  # never overrides a user's value (validation refused a conflict)
-            LOWP_SET_NVTE[var] = value
-    return env
-
-
-def load_factory(path: str):
-    module, _, attr = path.partition(":")
-    if not attr:
-        module, _, attr = path.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
-
-
-def build_te_recipe(r: RecipeConfig, s: StabilityConfig):
-    """The TE recipe object for `r`, every field explicit; None for BF16 compute (bf16, int4_qat)."""
-    from transformer_engine.common import recipe as R
-
-    fmt = {"e4m3": R.Format.E4M3, "hybrid": R.Format.HYBRID}.get(r.fp8 or "", R.Format.E4M3)
-    backward = None if s.fp8_wgrad else "high_precision"
-    qp = lambda: R.QParams(power_2_scale=r.power_2_scales, amax_epsilon=r.amax_epsilon)  # noqa: E731
-    if r.name == "delayed":
-        return R.DelayedScaling(
-            margin=s.fp8_margin,
-            fp8_format=fmt,
-            amax_history_len=r.fp8_amax_history_len,
-            amax_compute_algo=r.fp8_amax_compute_algo,
-            reduce_amax=True,
-            fp8_dpa=False,
-            fp8_mha=False,
-            backward_override=None,
-        )
-    if r.name == "tensorwise":
-        rec = R.Float8CurrentScaling(fp8_format=fmt, fp8_dpa=False, fp8_mha=False, backward_override=backward)
-        rec.fp8_quant_fwd_inp, rec.fp8_quant_fwd_weight, rec.fp8_quant_bwd_grad = qp(), qp(), qp()
-        return rec
-    if r.name == "blockwise":
-        rec = R.Float8BlockScaling(
-            fp8_format=fmt,
-            x_block_scaling_dim=r.x_block_dim,
-            w_block_scaling_dim=r.w_block_dim,
-            grad_block_scaling_dim=r.grad_block_dim,
-            backward_override=backward,
-        )
-        rec.fp8_quant_fwd_inp, rec.fp8_quant_fwd_weight, rec.fp8_quant_bwd_grad = qp(), qp(), qp()
-        return rec
-    if r.name == "mxfp8":
-        return R.MXFP8BlockScaling(fp8_format=fmt, backward_override=backward)
-    if r.name == "nvfp4":
-        return R.NVFP4BlockScaling(
-            disable_rht=r.disable_rht,
-            disable_stochastic_rounding=r.disable_stochastic_rounding,
-            disable_2d_quantization=r.disable_2d_quantization,
-            backward_override=backward,
-        )
-    if r.name == "custom":
-        return R.CustomRecipe(
-            qfactory=load_factory(r.quantizer_factory), fp8_format=fmt, backward_override=backward
-        )
-    return None
-
-
 class TEBlock(nn.Module):
     """One te.TransformerLayer; `context` (None = inherit the outer autocast) overrides its recipe."""
 
-    def __init__(self, cfg: Config, index: int, context=None, first_microbatch=lambda: None):
+    def __init__(
+        self, m: ModelConfig, index: int, fuse_wgrad: bool, context=None, first_microbatch=lambda: None
+    ):
         super().__init__()
         import transformer_engine.pytorch as te
 
-        m = cfg.model
         std, out_std = m.init_method_std, m.init_method_std / math.sqrt(2 * m.num_layers)
         self.layer = te.TransformerLayer(
             m.hidden_size,
@@ -125,7 +57,7 @@ class TEBlock(nn.Module):
             output_layer_init_method=lambda w: nn.init.normal_(w, 0.0, out_std),
             # Megatron's path: the wgrad GEMM accumulates straight into each weight's fp32 `main_grad`
             # (harness.optim.MainGrads allocates it); no bf16 weight grad is made, no extra add runs
-            fuse_wgrad_accumulation=uses_main_grads(cfg),
+            fuse_wgrad_accumulation=fuse_wgrad,
         )
         self.context = context
         self.first_microbatch = first_microbatch  # TE's is_first_microbatch for this forward
@@ -148,6 +80,10 @@ class TEOps:
     def activation(self, name: str, kind: str) -> nn.Module:
         raise AssertionError("TE blocks own their activation")
 
+    def norm(self, name: str, cfg: ModelConfig) -> nn.Module:
+        assert name == "ln_f", name  # TE blocks own theirs; the final norm is the model's
+        return norm(cfg)
+
 
 class TEGPT(GPT):
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
@@ -164,14 +100,14 @@ class TEGPT(GPT):
 class TEBackend(Backend):
     name = "te"
 
-    def __init__(self, cfg: Config, device: torch.device):
-        super().__init__(cfg, device)
-        self.nvte_env = set_nvte_env(cfg)
+    def __init__(self, spec: BackendSpec, device: torch.device):
+        super().__init__(spec, device)
+        self.nvte_env = set_nvte_env(spec.recipe)
         import transformer_engine
         import transformer_engine.pytorch as te
 
         self.te, self.te_version = te, transformer_engine.__version__
-        self.recipe = build_te_recipe(cfg.recipe, cfg.stability)
+        self.recipe = build_te_recipe(spec.recipe, spec.stability)
         self._seen: dict[str, tuple[bool, str | None]] = {}
         self.first_microbatch: bool | None = None
 
@@ -183,41 +119,39 @@ class TEBackend(Backend):
 
     def _block_context(self, index: int):
         """None to inherit the run's autocast; else a nested autocast for this block's own recipe."""
-        recipes = {self._name_of(self.plan.recipe_for(f"blocks.{index}.{lin}")) for lin in LINEARS}
-        if len(recipes) > 1:
+        names = {self._name_of(self.plan.recipe_for(f"blocks.{index}.{lin}")) for lin in LINEARS}
+        if len(names) > 1:
             raise ValueError(
-                f"stability.overrides split block {index} between recipes {sorted(recipes)}: "
+                f"stability.overrides split block {index} between recipes {sorted(names)}: "
                 "backend=te applies a recipe per block; make the pattern cover whole blocks "
                 "(e.g. 'blocks.0.*') or use backend=emulated"
             )
-        (name,) = recipes
-        if name == self._name_of(self.cfg.recipe if self.recipe is not None else None):
+        (name,) = names
+        if name == self._name_of(self.spec.recipe if self.recipe is not None else None):
             return None
-        if name == "bf16":
+        own = recipes.quantizing(self.plan.recipe_for(f"blocks.{index}.attn.qkv"))
+        if own is None:
             return lambda: self.te.autocast(enabled=False)
-        from harness.config.store import load_preset
-
-        nested = build_te_recipe(load_preset("recipe", name), self.cfg.stability)
+        nested = build_te_recipe(own, self.spec.stability)
         return lambda: self.te.autocast(enabled=nested is not None, recipe=nested)
 
     @staticmethod
     def _name_of(recipe: RecipeConfig | None) -> str:
-        return "bf16" if recipe is None or recipe.name in ("bf16", "int4_qat") else recipe.name
+        """The recipe TE runs the GEMMs in: the baseline for BF16 GEMMs (bf16 itself, INT4 QAT)."""
+        return q.name if (q := recipes.quantizing(recipe)) is not None else recipes.BASELINE
 
     def build_model(self) -> nn.Module:
-        cfg = self.cfg
-        fp8_param = cfg.optimizer.fp8_param and self.recipe is not None
+        m, spec = self.spec.model, self.spec
+        fp8_param = spec.optimizer.fp8_param and self.recipe is not None
         with self.te.quantized_model_init(enabled=fp8_param, recipe=self.recipe):
             blocks = nn.ModuleList(
-                TEBlock(cfg, i, self._block_context(i), lambda: self.first_microbatch)
-                for i in range(cfg.model.num_layers)
+                TEBlock(m, i, spec.fuse_wgrad_fp32, self._block_context(i), lambda: self.first_microbatch)
+                for i in range(m.num_layers)
             )
-        model = TEGPT(cfg.model, TEOps(), blocks=blocks)
+        model = TEGPT(m, TEOps(), blocks=blocks)
         model.rope_emb = None
-        if cfg.model.position_embedding == "rope":
-            model.rope_emb = self.te.RotaryPositionEmbedding(
-                cfg.model.hidden_size // cfg.model.num_attention_heads
-            )
+        if m.position_embedding == "rope":
+            model.rope_emb = self.te.RotaryPositionEmbedding(m.hidden_size // m.num_attention_heads)
         for name, child in model.named_children():
             if name != "blocks":
                 child.to(device=self.device, dtype=torch.bfloat16)
@@ -228,8 +162,15 @@ class TEBackend(Backend):
     def autocast(self):
         return self.te.autocast(enabled=self.recipe is not None, recipe=self.recipe)
 
-    # ---- INT4 fake-QAT: the bf16 params hold fake_int4(W), FusedAdam's fp32 masters hold W ----------
-    def _int4_weights(self, model: nn.Module) -> list[nn.Parameter]:
+    def build_optimizer(self, model: nn.Module, cfg: OptimizerConfig):
+        """TE FusedAdam over the bf16 params (harness.optim); whole fp32 masters where the recipe's
+        params hold something other than bf16(master) (RecipeSpec.full_master: INT4 QAT's W-hat)."""
+        from harness.optim import build_optimizer
+
+        return build_optimizer(model, cfg, self.device, native=True, full_master=self.recipe_spec.full_master)
+
+    # ---- recipe hooks (INT4 fake-QAT: the bf16 params hold W-hat, FusedAdam's fp32 masters hold W) ---
+    def _hooked_weights(self, model: nn.Module) -> list[nn.Parameter]:
         return [
             p
             for n, p in model.blocks.named_parameters()
@@ -238,22 +179,14 @@ class TEBackend(Backend):
         ]
 
     def prepare(self, model: nn.Module, optimizer) -> None:
-        if self.cfg.recipe.name != "int4_qat":
-            return
-        for p in optimizer.params:  # masters seeded from the real weights before they are fake-quantized
-            optimizer.inner.initialize_state(p, False)
-        self.after_optimizer_step(model)
+        if self.hook is not None:
+            self.hook.prepare(self._hooked_weights(model), optimizer)
 
-    @torch.no_grad()
     def after_optimizer_step(self, model: nn.Module) -> None:
-        """Straight-through QAT: FusedAdam wrote bf16(master) into each param; replace it by its INT4
-        fake quantization, so the next forward uses W-hat and its gradient updates the master W."""
-        if self.cfg.recipe.name != "int4_qat":
-            return
-        from harness.numerics.int4 import fake_int4
-
-        for p in self._int4_weights(model):
-            p.copy_(fake_int4(p, self.cfg.recipe.int4_group_size))
+        """Straight-through QAT: FusedAdam wrote bf16(master) into each param; the hook replaces it
+        by W-hat, so the next forward uses W-hat and its gradient updates the master W."""
+        if self.hook is not None:
+            self.hook.after_optimizer_step(self._hooked_weights(model))
 
     # ---- proof that the recipe is really active ------------------------------------------------
     def _install_probes(self, model: nn.Module) -> None:
@@ -274,16 +207,17 @@ class TEBackend(Backend):
     def verify_active(self, model: nn.Module, step: int) -> None:
         """Each block ran with the quantization state the plan says; delayed scales moved off 1.0."""
         for i in range(len(model.blocks)):
-            want = self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
+            planned = self.plan.recipe_for(f"blocks.{i}.attn.qkv")
+            want = self._name_of(planned)
             enabled, rec = self._seen.get(f"blocks.{i}", (None, None))
             if enabled is None:
                 raise RuntimeError(f"blocks.{i} never ran its forward: cannot prove the recipe is active")
-            if (want != "bf16") != enabled:
+            if (recipes.quantizing(planned) is not None) != enabled:
                 raise RuntimeError(
                     f"blocks.{i} ran with TE quantization enabled={enabled} but the plan says "
                     f"{want}: the recipe is not what the config asked for"
                 )
-        if step >= 2 and self.cfg.recipe.name == "delayed":
+        if step >= 2 and self.recipe_spec.delayed_scaling:
             scales = [
                 m.fp8_meta["scaling_fwd"].scale
                 for m in model.modules()
@@ -323,8 +257,7 @@ class TEBackend(Backend):
         """TE makes a module's FP8 metadata at its first forward under autocast; a resumed run loads
         into it before its first step, so one no-grad forward makes it (the loaded values then replace
         whatever that forward recorded, before any quantization uses them)."""
-        cfg = self.cfg.model
-        idx = torch.zeros((1, cfg.seq_length), dtype=torch.long, device=self.device)
+        idx = torch.zeros((1, self.spec.model.seq_length), dtype=torch.long, device=self.device)
         with torch.no_grad(), self.autocast():
             self._model(idx)
 
@@ -347,12 +280,12 @@ class TEBackend(Backend):
 
     def describe(self) -> dict:
         notes = []
-        if not self.cfg.stability.fp8_wgrad:
+        if not self.spec.stability.fp8_wgrad:
             notes.append(
                 "stability.fp8_wgrad=false mapped to TE backward_override=high_precision "
                 "(dgrad and wgrad both in high precision; TE 2.x ignores --no-fp8-wgrad)"
             )
-        if self.cfg.optimizer.activation_func_fp8_input_store:
+        if self.spec.optimizer.activation_func_fp8_input_store:
             notes.append("activation_func_fp8_input_store has no effect on TE's LayerNormMLP")
         return {
             "backend": "te",
@@ -364,6 +297,6 @@ class TEBackend(Backend):
             "mapping_notes": notes,
             "block_recipes": {
                 f"blocks.{i}": self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
-                for i in range(self.cfg.model.num_layers)
+                for i in range(self.spec.model.num_layers)
             },
         }

@@ -3,6 +3,7 @@
 Field names follow Megatron Core (``TransformerConfig`` / ``arguments.py``) and Transformer Engine
 where one exists, so users recognise them and the Megatron export is a rename-free mapping.
 Plain dataclasses only: no Hydra import here, so the numerics package can use these types.
+The recipe names and what each recipe means live in the registry, `harness.recipes`.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-RECIPES = ("bf16", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", "int4_qat", "custom")
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 FP8_FORMATS = ("e4m3", "hybrid")
 FP4_FORMATS = ("e2m1",)
 STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
@@ -61,6 +60,9 @@ class ModuleOverride:
     """Glob over module names, e.g. `blocks.0.*` or `*.fc2`."""
     recipe: str = "bf16"
     """bf16 (no quantization) or a recipe name of conf/recipe."""
+    resolved: RecipeConfig | None = None
+    """Filled when the config is loaded: the full fields of `recipe` this module runs (run.json
+    records them); null = the preset's fields."""
 
 
 @dataclass

@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 import warnings
 
+from harness import recipes
+from harness.backends.capability import resolve_backend_name, te_installed_version
+from harness.backends.te_env import conflicts as nvte_conflicts
 from harness.config import schema
-from harness.config.schema import Config
+from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
 
 
 class ConfigError(ValueError):
@@ -23,7 +26,7 @@ class ConfigWarning(UserWarning):
 
 
 NAMES = {
-    "recipe.name": schema.RECIPES,
+    "recipe.name": recipes.names(),
     "recipe.fp8": (None, *schema.FP8_FORMATS),
     "recipe.fp4": (None, *schema.FP4_FORMATS),
     "recipe.fp8_amax_compute_algo": ("max", "most_recent"),
@@ -43,24 +46,6 @@ NAMES = {
     "dtype": ("bf16",),
 }
 
-# TE reads these at import; lowp sets them from config (architecture.md, "Honest mappings").
-NVTE_FROM_CONFIG = {
-    "NVTE_FP8_BLOCK_SCALING_FP32_SCALES": lambda c: "0" if c.recipe.power_2_scales else "1",
-    "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": lambda c: "1" if c.recipe.power_2_scales else "0",
-    "NVTE_NVFP4_DISABLE_RHT": lambda c: "1" if c.recipe.disable_rht else "0",
-    "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": lambda c: "1" if c.recipe.disable_stochastic_rounding else "0",
-    "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": lambda c: "1" if c.recipe.disable_2d_quantization else "0",
-}
-# NVTE_* values lowp itself set in this process (a later run in the same process may change them)
-LOWP_SET_NVTE: dict[str, str] = {}
-NVTE_RECIPE = {
-    "NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "blockwise",
-    "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": "tensorwise",
-    "NVTE_NVFP4_DISABLE_RHT": "nvfp4",
-    "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": "nvfp4",
-    "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": "nvfp4",
-}
-
 
 def _get(cfg: Config, dotted: str):
     obj = cfg
@@ -75,8 +60,6 @@ def world_size() -> int:
 
 def te_version(cfg: Config) -> tuple[str, str]:
     """(version, where it came from): the installed TE, else backend.te_version."""
-    from harness.backends.capability import te_installed_version
-
     installed = te_installed_version()
     if installed:
         return installed, "installed transformer_engine"
@@ -96,9 +79,7 @@ def uses_te(cfg: Config) -> bool:
     if cfg.backend.name == "te":
         return True
     if cfg.backend.name == "auto" and cfg.hardware.name not in ("cpu",):
-        from harness.backends.base import resolve_backend_name
-
-        return resolve_backend_name(cfg) == "te"
+        return resolve_backend_name(cfg.backend.name, cfg.recipe.name) == "te"
     return False
 
 
@@ -112,52 +93,53 @@ def _quantized_dims(cfg: Config) -> dict[str, int]:
     }
 
 
-def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of rules reads best
-    """What the guide, Megatron and TE forbid. Each item is a one-line message."""
-    errs: list[str] = []
+def _name_errors(cfg: Config) -> list[str]:
+    errs = []
     for key, allowed in NAMES.items():
         if _get(cfg, key) not in allowed:
             shown = [a for a in allowed if a is not None]
             errs.append(f"{key}={_get(cfg, key)}: unknown; choose one of {shown}")
-    if errs:
-        return errs
-    r, s, o, m = cfg.recipe, cfg.stability, cfg.optimizer, cfg.model
+    return errs
 
+
+def _recipe_errors(r: RecipeConfig) -> list[str]:
+    """The recipe's formats and fields, as its registry spec states them."""
+    spec, errs = recipes.get(r.name), []
     if r.fp8 and r.fp4:
         errs.append(
             f"recipe.fp8={r.fp8} and recipe.fp4={r.fp4}: FP8 and FP4 are mutually exclusive; "
             "set one of them to null"
         )
-    if r.name in schema.FP8_RECIPES and not r.fp8:
+    if spec.fp8_family and not r.fp8:
         errs.append(f"recipe={r.name} needs recipe.fp8 (e4m3 or hybrid): set recipe.fp8=e4m3")
-    if r.name == "nvfp4" and r.fp4 != "e2m1":
-        errs.append("recipe=nvfp4 needs recipe.fp4=e2m1: set recipe.fp4=e2m1")
-    if r.name in ("bf16", "int4_qat") and (r.fp8 or r.fp4):
+    if spec.fp4_family and r.fp4 != "e2m1":
+        errs.append(f"recipe={r.name} needs recipe.fp4=e2m1: set recipe.fp4=e2m1")
+    if not spec.quantizes_gemms and (r.fp8 or r.fp4):
         errs.append(
             f"recipe={r.name} with recipe.fp8={r.fp8} recipe.fp4={r.fp4}: {r.name} runs BF16 GEMMs; "
             "set recipe.fp8=null recipe.fp4=null or pick an FP8/FP4 recipe"
         )
-    if r.name == "custom" and not r.quantizer_factory:
-        errs.append("recipe=custom needs recipe.quantizer_factory=module:function (your quantizer factory)")
-    if r.name == "custom" and not (r.fp8 or r.fp4):
-        errs.append("recipe=custom needs recipe.fp8 or recipe.fp4 (which format the factory emits)")
+    if spec.needs_factory and not r.quantizer_factory:
+        errs.append(
+            f"recipe={r.name} needs recipe.quantizer_factory=module:function (your quantizer factory)"
+        )
+    if spec.needs_factory and not (r.fp8 or r.fp4):
+        errs.append(f"recipe={r.name} needs recipe.fp8 or recipe.fp4 (which format the factory emits)")
     if r.fp8_amax_history_len < 1:
         errs.append(f"recipe.fp8_amax_history_len={r.fp8_amax_history_len}: must be >= 1")
-    tokens = cfg.micro_batch_size * m.seq_length
-    if not 0 <= m.lm_head_loss_chunks <= tokens:
-        errs.append(
-            f"model.lm_head_loss_chunks={m.lm_head_loss_chunks}: use 0 (whole logits) or 1..{tokens} "
-            "(the tokens of a micro-batch)"
-        )
     for key in ("x_block_dim", "w_block_dim", "grad_block_dim"):
         if getattr(r, key) not in (1, 2):
             errs.append(f"recipe.{key}={getattr(r, key)}: use 1 (1x128 blocks) or 2 (128x128 tiles)")
     if r.int4_group_size < 1:
         errs.append(f"recipe.int4_group_size={r.int4_group_size}: must be a positive group size, e.g. 128")
+    return errs
 
-    if s.first_last_layers_bf16 and r.name == "delayed":
+
+def _stability_errors(s: StabilityConfig, r: RecipeConfig, m: ModelConfig) -> list[str]:
+    errs = []
+    if s.first_last_layers_bf16 and not recipes.get(r.name).first_last_bf16_ok:
         errs.append(
-            "stability.first_last_layers_bf16=true with recipe=delayed: Megatron rejects BF16 first/last "
+            f"stability.first_last_layers_bf16=true with recipe={r.name}: Megatron rejects BF16 first/last "
             "layers under delayed scaling; use recipe=tensorwise (or blockwise/mxfp8) or drop the knob"
         )
     if s.first_last_layers_bf16:
@@ -169,12 +151,16 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
                 f"{m.num_layers}: lower them so that their sum is at most {m.num_layers}"
             )
     for ov in s.overrides:
-        if ov.recipe not in schema.RECIPES:
+        if ov.recipe not in recipes.names():
             errs.append(
                 f"stability.overrides pattern={ov.pattern} recipe={ov.recipe}: unknown; use bf16 "
-                f"or one of {list(schema.RECIPES)}"
+                f"or one of {list(recipes.names())}"
             )
+    return errs
 
+
+def _optimizer_errors(o: OptimizerConfig, r: RecipeConfig) -> list[str]:
+    spec, errs = recipes.get(r.name), []
     low_states = [
         k
         for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype", "main_params_dtype")
@@ -185,14 +171,14 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
             f"optimizer.{low_states[0]}={getattr(o, low_states[0])} needs the precision-aware optimizer: "
             "set optimizer.use_precision_aware_optimizer=true"
         )
-    if o.optimizer_cpu_offload and r.name in schema.FP8_RECIPES and r.name != "delayed":
+    if o.optimizer_cpu_offload and not spec.cpu_offload_ok and spec.fp8_family:
         errs.append(
             f"optimizer.optimizer_cpu_offload=true with recipe={r.name}: only delayed scaling supports "
             "optimizer CPU offload; use recipe=delayed or optimizer.optimizer_cpu_offload=false"
         )
-    if o.optimizer_cpu_offload and r.name == "nvfp4":
+    elif o.optimizer_cpu_offload and not spec.cpu_offload_ok:
         errs.append(
-            "optimizer.optimizer_cpu_offload=true with recipe=nvfp4: not supported by Megatron; "
+            f"optimizer.optimizer_cpu_offload=true with recipe={r.name}: not supported by Megatron; "
             "use recipe=delayed or optimizer.optimizer_cpu_offload=false"
         )
     if o.fp8_param and world_size() > 1 and not o.use_distributed_optimizer:
@@ -200,12 +186,22 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
             f"optimizer.fp8_param=true across {world_size()} ranks needs optimizer.use_distributed_optimizer"
             "=true (or FSDP): set it"
         )
-    if o.fp8_param and r.name in ("bf16", "int4_qat"):
+    if o.fp8_param and not spec.quantizes_gemms:
         errs.append(
             f"optimizer.fp8_param=true with recipe={r.name}: there is no quantized weight to keep; "
             "pick an FP8/FP4 recipe or set optimizer.fp8_param=false"
         )
+    return errs
 
+
+def _size_errors(cfg: Config) -> list[str]:
+    errs, m = [], cfg.model
+    tokens = cfg.micro_batch_size * m.seq_length
+    if not 0 <= m.lm_head_loss_chunks <= tokens:
+        errs.append(
+            f"model.lm_head_loss_chunks={m.lm_head_loss_chunks}: use 0 (whole logits) or 1..{tokens} "
+            "(the tokens of a micro-batch)"
+        )
     if cfg.micro_batch_size >= 1 and cfg.global_batch_size % (cfg.micro_batch_size * world_size()) != 0:
         errs.append(
             f"global_batch_size={cfg.global_batch_size} is not a multiple of micro_batch_size="
@@ -224,8 +220,11 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
     for key in ("micro_batch_size", "global_batch_size"):
         if getattr(cfg, key) < 1:
             errs.append(f"{key}={getattr(cfg, key)}: must be >= 1")
-    if errs:
-        return errs
+    return errs
+
+
+def _shape_errors(cfg: Config) -> list[str]:
+    errs, m = [], cfg.model
     if m.hidden_size % m.num_attention_heads != 0:
         errs.append(
             f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
@@ -235,7 +234,21 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
         errs.append("model.position_embedding=rope needs an even head dim (hidden_size/num_attention_heads)")
     if cfg.steps < 1:
         errs.append(f"steps={cfg.steps}: must be >= 1")
+    return errs
 
+
+def legality_errors(cfg: Config) -> list[str]:
+    """What the guide, Megatron and TE forbid. Each item is a one-line message; a group of rules
+    runs only where the ones before it found nothing its checks rely on (names, then sizes)."""
+    errs = _name_errors(cfg)
+    if errs:
+        return errs
+    r, s, o, m = cfg.recipe, cfg.stability, cfg.optimizer, cfg.model
+    errs = _recipe_errors(r)
+    errs += _stability_errors(s, r, m) + _optimizer_errors(o, r) + _size_errors(cfg)
+    if errs:
+        return errs
+    errs = _shape_errors(cfg)
     if uses_te(cfg):
         errs += _te_errors(cfg)
     return errs
@@ -243,56 +256,56 @@ def legality_errors(cfg: Config) -> list[str]:  # noqa: C901 - one flat list of 
 
 def _te_errors(cfg: Config) -> list[str]:
     r, hw, s = cfg.recipe, cfg.hardware, cfg.stability
-    errs: list[str] = []
     if hw.name == "cpu":
         return ["backend=te with hardware=cpu: Transformer Engine needs a CUDA GPU; use backend=emulated"]
-    quantized = r.name not in ("bf16", "int4_qat")
-    cc = hw.compute_capability
-    if r.name in ("mxfp8", "nvfp4") and cc is not None and cc < 10.0:
+    spec, cc = recipes.get(r.name), hw.compute_capability
+    errs: list[str] = []
+    if spec.quantizes_gemms and spec.min_cc is not None and cc is not None and cc < spec.min_cc:
+        arch = " (Blackwell)" if spec.min_cc >= 10.0 else ""
         errs.append(
             f"recipe={r.name} with backend=te on hardware={hw.name} (compute capability {cc}): TE needs "
-            "compute capability >= 10.0 (Blackwell); use backend=emulated or hardware=b200"
+            f"compute capability >= {spec.min_cc}{arch}; use backend=emulated or hardware=b200"
         )
-    elif quantized and r.name != "custom" and hw.native_recipes and r.name not in hw.native_recipes:
+    elif (
+        spec.quantizes_gemms
+        and not spec.needs_factory
+        and hw.native_recipes
+        and r.name not in hw.native_recipes
+    ):
         errs.append(
             f"recipe={r.name} with backend=te on hardware={hw.name}: that GPU has no native {r.name}; "
             f"use backend=emulated or one of {list(hw.native_recipes)}"
         )
-    if r.name == "nvfp4" or r.fp4:
-        version, source = te_version(cfg)
-        if _version_tuple(version) < (2, 7, 0):
-            errs.append(
-                f"recipe=nvfp4 needs Transformer Engine >= 2.7.0 ({source} is {version}): upgrade TE or "
-                "use an FP8 recipe"
-            )
-    if not s.fp8_wgrad and r.name == "delayed":
+    errs += _te_version_errors(cfg, spec)
+    if not s.fp8_wgrad and not spec.te_high_precision_backward_ok:
         errs.append(
-            "stability.fp8_wgrad=false with recipe=delayed and backend=te: TE 2.x ignores Megatron's "
+            f"stability.fp8_wgrad=false with recipe={r.name} and backend=te: TE 2.x ignores Megatron's "
             "--no-fp8-wgrad and forbids its high-precision backward under delayed scaling; use "
             "recipe=tensorwise, or backend=emulated (wgrad GEMM only)"
         )
-    if quantized:
-        block = {"mxfp8": 32, "nvfp4": 16}.get(r.name, 16)
+    if spec.quantizes_gemms:
+        n = spec.gemm_multiple
         for key, dim in _quantized_dims(cfg).items():
-            if dim % block:
+            if dim % n:
                 errs.append(
-                    f"{key}={dim} is not divisible by {block}, which recipe={r.name} GEMMs need on "
-                    f"backend=te: make it a multiple of {block}"
+                    f"{key}={dim} is not divisible by {n}, which recipe={r.name} GEMMs need on "
+                    f"backend=te: make it a multiple of {n}"
                 )
-    for var, value_of in NVTE_FROM_CONFIG.items():
-        have = os.environ.get(var)
-        want = value_of(cfg)
-        if (
-            have is not None
-            and LOWP_SET_NVTE.get(var) != have
-            and NVTE_RECIPE[var] == r.name
-            and have != want
-        ):
-            errs.append(
-                f"environment {var}={have} contradicts the config (which sets {var}={want}): unset it and "
-                "choose the behaviour through the recipe fields"
-            )
-    return errs
+    return errs + nvte_conflicts(r)
+
+
+def _te_version_errors(cfg: Config, spec: recipes.RecipeSpec) -> list[str]:
+    """The recipe's oldest TE (any FP4 format needs NVFP4's)."""
+    need = spec.min_te or (recipes.fp4_min_te() if cfg.recipe.fp4 else None)
+    if need is None:
+        return []
+    version, source = te_version(cfg)
+    if _version_tuple(version) >= _version_tuple(need):
+        return []
+    what = f"recipe={cfg.recipe.name}" if spec.min_te else f"recipe.fp4={cfg.recipe.fp4}"
+    return [
+        f"{what} needs Transformer Engine >= {need} ({source} is {version}): upgrade TE or use an FP8 recipe"
+    ]
 
 
 def support_errors(cfg: Config) -> list[str]:
@@ -310,9 +323,9 @@ def support_errors(cfg: Config) -> list[str]:
             "optimizer.master_weights=false with the precision-aware optimizer, fp8_param or CPU "
             "offload: those keep master weights; set optimizer.master_weights=true"
         )
-    if te and r.name == "int4_qat" and (not o.master_weights or o.optimizer_cpu_offload):
+    if te and recipes.get(r.name).full_master and (not o.master_weights or o.optimizer_cpu_offload):
         errs.append(
-            "recipe=int4_qat with backend=te keeps the fake-quantized weights in the bf16 params and "
+            f"recipe={r.name} with backend=te keeps the fake-quantized weights in the bf16 params and "
             "the real ones in TE FusedAdam's master weights: set optimizer.master_weights=true and "
             "optimizer.optimizer_cpu_offload=false"
         )
@@ -325,25 +338,26 @@ def recommendations(cfg: Config) -> list[str]:
     """Warnings: what the guide recommends but does not require."""
     r, s, o, m = cfg.recipe, cfg.stability, cfg.optimizer, cfg.model
     out = []
-    if r.name == "mxfp8" and o.fp8_param and not o.reuse_grad_buf_for_mxfp8_param_ag:
+    spec = recipes.get(r.name)
+    if spec.recommends_grad_buf_reuse and o.fp8_param and not o.reuse_grad_buf_for_mxfp8_param_ag:
         out.append(
-            "recipe=mxfp8 with optimizer.fp8_param=true: the guide strongly recommends "
+            f"recipe={r.name} with optimizer.fp8_param=true: the guide strongly recommends "
             "optimizer.reuse_grad_buf_for_mxfp8_param_ag=true"
         )
-    if s.fp8_margin and r.name not in ("delayed", "custom"):
+    if s.fp8_margin and not spec.margin_applies:
         out.append(
             f"stability.fp8_margin={s.fp8_margin} has no effect on recipe={r.name} "
             "(TE applies the margin only in delayed scaling)"
         )
     if (
         s.first_last_layers_bf16
-        and r.name != "bf16"
+        and spec.scheme is not None
         and (s.num_layers_at_start_in_bf16 + s.num_layers_at_end_in_bf16 == m.num_layers)
     ):
         out.append(f"stability: all {m.num_layers} blocks are BF16, so recipe={r.name} quantizes nothing")
-    if r.name == "nvfp4" and not s.first_last_layers_bf16:
+    if spec.fp4_family and not s.first_last_layers_bf16:
         out.append(
-            "recipe=nvfp4 without stability.first_last_layers_bf16: the guide advises BF16 "
+            f"recipe={r.name} without stability.first_last_layers_bf16: the guide advises BF16 "
             "first/last layers for FP4 (NVFP4 diverges if every linear layer is FP4)"
         )
     if not s.fp8_wgrad and uses_te(cfg):

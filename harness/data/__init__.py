@@ -15,7 +15,7 @@ from harness.config.schema import DataConfig
 from harness.data import files, markov, stdlib_bytes, synthetic
 from harness.data.base import Batch, StreamData, TokenData, config_error
 
-__all__ = ["Batch", "StreamData", "TokenData", "build_data", "SOURCES"]
+__all__ = ["Batch", "StreamData", "TokenData", "build_data", "check_data", "SOURCES"]
 
 SOURCES = {
     "synthetic": synthetic.build,
@@ -50,3 +50,14 @@ def build_data(cfg: DataConfig, *, vocab_size: int, seq_length: int) -> TokenDat
             fix + str(data.vocab_size),
         )
     return data
+
+
+def check_data(
+    cfg: DataConfig, *, vocab_size: int, seq_length: int, micro_batch_size: int, eval_tokens: int
+) -> None:
+    """What a run would hit in its first step and first eval, found before any job starts: the
+    source builds (paths, dtypes, token counts, vocabulary), one train batch and the eval set exist.
+    Raises the source's one-line ValueError."""
+    data = build_data(cfg, vocab_size=vocab_size, seq_length=seq_length)
+    next(data.train_batches(micro_batch_size, seed=0))
+    data.eval_batches(eval_tokens, micro_batch_size)

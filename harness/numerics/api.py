@@ -6,6 +6,7 @@ import dataclasses
 
 import torch
 
+from harness import recipes
 from harness.config.schema import RecipeConfig
 from harness.numerics.qtensor import Quantized
 from harness.numerics.quantizers import make_quantizer
@@ -14,31 +15,13 @@ _FIELDS = {f.name for f in dataclasses.fields(RecipeConfig)}
 
 
 def resolve_recipe(recipe: str | RecipeConfig, **fields) -> RecipeConfig:
-    """A recipe name of conf/recipe (its preset's values) or a RecipeConfig, with fields overridden."""
+    """A recipe name (its registry preset, the fields conf/recipe/<name>.yaml holds) or a
+    RecipeConfig, with fields overridden. No Hydra: names resolve through `harness.recipes`."""
     unknown = sorted(set(fields) - _FIELDS)
     if unknown:
         raise ValueError(f"unknown recipe fields {unknown}; RecipeConfig has {sorted(_FIELDS)}")
-    if isinstance(recipe, RecipeConfig):
-        return dataclasses.replace(recipe, **fields)
-    from omegaconf.errors import MissingMandatoryValue
-
-    from harness.config.store import load_preset
-
-    try:
-        return dataclasses.replace(load_preset("recipe", recipe), **fields)
-    except MissingMandatoryValue:  # e.g. custom's quantizer_factory: ???, given in fields
-        return _preset_with(recipe, fields)
-
-
-def _preset_with(name: str, fields: dict) -> RecipeConfig:
-    from omegaconf import OmegaConf
-
-    from harness.config.store import CONF_DIR
-
-    raw = OmegaConf.load(CONF_DIR / "recipe" / f"{name}.yaml")
-    raw.pop("defaults", None)
-    merged = OmegaConf.merge(OmegaConf.structured(RecipeConfig), raw, fields)
-    return OmegaConf.to_object(merged)
+    base = recipe if isinstance(recipe, RecipeConfig) else recipes.default_fields(recipe)
+    return dataclasses.replace(base, **fields)
 
 
 def quantize(
@@ -59,8 +42,8 @@ def quantize(
     `.scale_inv` in TE's layouts, and `.amax` (NVFP4 global amax) / `.scale` (INT4 group scales).
     """
     cfg = resolve_recipe(recipe, **fields)
-    if cfg.name == "bf16":
-        raise ValueError("recipe=bf16 does not quantize; pick a quantized recipe")
+    if recipes.get(cfg.name).scheme is None:
+        raise ValueError(f"recipe={cfg.name} does not quantize; pick a quantized recipe")
     if scale is not None and not torch.is_tensor(scale):
         scale = torch.tensor([float(scale)], dtype=torch.float32, device=x.device)
     qz = make_quantizer(cfg, role, scale=scale, generator=generator)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from harness import recipes
 from harness.config.schema import RecipeConfig
 from harness.numerics.context import NumericsContext
 from harness.numerics.quantizers import make_quantizer, quantize_pair
@@ -42,7 +43,7 @@ class QuantizedLinear:
     ):
         """`fused_input_cast` / `fused_grad_cast`: TE casts this GEMM's input (norm or activation
         output) / grad output (the activation's backward) to FP8 inside the kernel that computes it,
-        straight from fp32, with no bf16 rounding first (TE_FUSED_CASTS in harness.backends.emulated).
+        straight from fp32, with no bf16 rounding first (RecipeSpec.fused_casts in harness.recipes).
         `fp32_output`: the output keeps fp32 storage (bf16 values) so that the activation after it
         runs in fp32 and its backward hands back an unrounded gradient."""
         self.name, self.recipe, self.context, self.fp8_wgrad = name, recipe, context, fp8_wgrad
@@ -50,7 +51,7 @@ class QuantizedLinear:
         self.fp32_output, self.wgrad_fp32 = fp32_output, wgrad_fp32
         self.calls = 0
         self._weight_cache: tuple | None = None
-        if recipe.name == "delayed":
+        if recipes.get(recipe.name).delayed_scaling:
             fwd, bwd = context.delayed_states(name, recipe, margin)
             self.quantizers = {
                 "input": self._delayed(recipe, "input", fwd, 0),

@@ -8,10 +8,12 @@ scaling and 2-D tiles: the columnwise copy is the transpose of the rowwise one).
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Callable
 
 import torch
 
+from harness import recipes
 from harness.config.schema import RecipeConfig
 from harness.numerics.blockwise import quantize_blockwise
 from harness.numerics.formats import FP8Format
@@ -145,6 +147,65 @@ class Int4Quantizer(Quantizer):
         return f"Int4(group={self.group_size})"
 
 
+def _current(recipe: RecipeConfig, role: str, **_) -> Quantizer:
+    fmt = fp8_format_for(recipe.fp8, role)
+    return CurrentScalingQuantizer(fmt, recipe.power_2_scales, recipe.amax_epsilon)
+
+
+def _delayed(recipe: RecipeConfig, role: str, *, scale=None, record=None, **_) -> Quantizer:
+    if scale is None:
+        raise ValueError(f"recipe={recipe.name}: pass scale= (step 1 of training uses scale=1.0)")
+    fixed = None if callable(scale) else torch.as_tensor(scale, dtype=torch.float32)
+    get = scale if fixed is None else (lambda: fixed)
+    return DelayedScalingQuantizer(fp8_format_for(recipe.fp8, role), get, record)
+
+
+def _block(recipe: RecipeConfig, role: str, **_) -> Quantizer:
+    dim = {"input": recipe.x_block_dim, "weight": recipe.w_block_dim, "grad": recipe.grad_block_dim}[role]
+    if dim not in (1, 2):
+        raise ValueError(f"blockwise {role} block dim {dim}: use 1 (1x128) or 2 (128x128)")
+    fmt = fp8_format_for(recipe.fp8, role)
+    return BlockwiseQuantizer(fmt, dim == 2, recipe.power_2_scales, recipe.amax_epsilon)
+
+
+def _mx(recipe: RecipeConfig, role: str, **_) -> Quantizer:
+    return MXFP8Quantizer(fp8_format_for(recipe.fp8, role))
+
+
+def _nv(recipe: RecipeConfig, role: str, *, generator=None, **_) -> Quantizer:
+    fp8_format_for("e4m3", role)  # validates the role
+    if role == "weight":
+        return NVFP4Quantizer(tile_2d=not recipe.disable_2d_quantization)
+    sr = role == "grad" and not recipe.disable_stochastic_rounding
+    return NVFP4Quantizer(rht=not recipe.disable_rht, stochastic=sr, generator=generator)
+
+
+def _int4(recipe: RecipeConfig, role: str, **_) -> Quantizer:
+    return Int4Quantizer(recipe.int4_group_size)
+
+
+def _factory(recipe: RecipeConfig, role: str, **_):
+    quantizer = load_factory(recipe.quantizer_factory)(role, recipe)
+    if not callable(getattr(quantizer, "quantize", None)):
+        raise ValueError(
+            f"recipe.quantizer_factory={recipe.quantizer_factory}: returned {type(quantizer).__name__} "
+            f"for role {role}, which has no quantize(x, columnwise); return a quantizer object "
+            "(e.g. harness.numerics.custom:tensorwise_factory)"
+        )
+    return quantizer
+
+
+SCHEMES = {  # RecipeSpec.scheme -> builder(recipe, role, scale=, record=, generator=)
+    "current": _current,
+    "amax_history": _delayed,
+    "block": _block,
+    "mx": _mx,
+    "nv": _nv,
+    "int4": _int4,
+    "factory": _factory,
+}
+
+
 def make_quantizer(
     recipe: RecipeConfig,
     role: str,
@@ -155,39 +216,30 @@ def make_quantizer(
 ) -> Quantizer:
     """The quantizer TE would build for `role` under `recipe` (roles: input, weight, grad).
 
-    Delayed scaling needs `scale` (a tensor, or a callable returning the current one).
+    Delayed scaling needs `scale` (a tensor, or a callable returning the current one). The recipe's
+    quantizer scheme comes from the registry (`RecipeSpec.scheme`).
     """
-    name = recipe.name
-    if name == "tensorwise":
-        fmt = fp8_format_for(recipe.fp8, role)
-        return CurrentScalingQuantizer(fmt, recipe.power_2_scales, recipe.amax_epsilon)
-    if name == "delayed":
-        if scale is None:
-            raise ValueError("recipe=delayed: pass scale= (step 1 of training uses scale=1.0)")
-        fixed = None if callable(scale) else torch.as_tensor(scale, dtype=torch.float32)
-        get = scale if fixed is None else (lambda: fixed)
-        return DelayedScalingQuantizer(fp8_format_for(recipe.fp8, role), get, record)
-    if name == "blockwise":
-        dim = {"input": recipe.x_block_dim, "weight": recipe.w_block_dim, "grad": recipe.grad_block_dim}[role]
-        if dim not in (1, 2):
-            raise ValueError(f"blockwise {role} block dim {dim}: use 1 (1x128) or 2 (128x128)")
-        fmt = fp8_format_for(recipe.fp8, role)
-        return BlockwiseQuantizer(fmt, dim == 2, recipe.power_2_scales, recipe.amax_epsilon)
-    if name == "mxfp8":
-        return MXFP8Quantizer(fp8_format_for(recipe.fp8, role))
-    if name == "nvfp4":
-        fp8_format_for("e4m3", role)  # validates the role
-        if role == "weight":
-            return NVFP4Quantizer(tile_2d=not recipe.disable_2d_quantization)
-        sr = role == "grad" and not recipe.disable_stochastic_rounding
-        return NVFP4Quantizer(rht=not recipe.disable_rht, stochastic=sr, generator=generator)
-    if name == "int4_qat":
-        return Int4Quantizer(recipe.int4_group_size)
-    if name == "custom":
-        from harness.numerics.custom import load_factory
+    scheme = recipes.get(recipe.name).scheme
+    if scheme is None:
+        raise ValueError(f"recipe={recipe.name!r} has no quantizer ({recipe.name} is unquantized)")
+    return SCHEMES[scheme](recipe, role, scale=scale, record=record, generator=generator)
 
-        return load_factory(recipe.quantizer_factory)(role, recipe)
-    raise ValueError(f"recipe={name!r} has no quantizer (bf16 is unquantized)")
+
+def load_factory(path: str | None) -> Callable:
+    """Import `module:function`; ValueError with the fix when it is missing or malformed."""
+    if not path or ":" not in path:
+        raise ValueError(
+            f"recipe.quantizer_factory={path!r}: give an import path 'module:function', "
+            "e.g. harness.numerics.custom:tensorwise_factory"
+        )
+    module, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"recipe.quantizer_factory={path!r}: cannot import ({e})") from e
+    if not callable(fn):
+        raise ValueError(f"recipe.quantizer_factory={path!r} is not callable")
+    return fn
 
 
 def quantize_pair(qz, x: torch.Tensor, rowwise: bool = True, columnwise: bool = True) -> Pair:

@@ -30,7 +30,6 @@ The general kernel has the same loop bodies; it has not yet been checked on a GP
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -55,9 +54,9 @@ TUNED_BF16 = {
 GENERAL_BF16 = {128: (4, 1, 8), 512: (4, 1, 16), 1024: (4, 1, 16), 2048: (4, 1, 16)}
 
 # Where NVRTC contracts a multiply and an add into an FMA. "m2": M2 += d * d; "rs": rn * M2 + eps;
-# "out": gamma * y + beta. Settled on the H200 by scripts/te_layernorm_probe.py; the environment
-# variable exists for that probe.
-FMA_SITES = frozenset(os.environ.get("LOWP_TE_LN_FMA", "m2,rs,out").split(",")) - {""}
+# "out": gamma * y + beta. Settled on the H200 by the LayerNorm probe, which passes its own candidate
+# sites through the `fma` argument of the functions below.
+FMA_SITES = frozenset({"m2", "rs", "out"})
 
 
 def kernel_layout(hidden: int, rows: int) -> tuple[str, int, int, int] | None:

@@ -9,6 +9,7 @@ from harness.backends import build_backend
 from harness.backends.emulated import Activation, EmulatedLinear
 from harness.numerics import NumericsContext, QuantizedLinear, quantize, resolve_recipe
 from harness.numerics.linear import _QuantizedLinearFn
+from harness.train import backend_spec
 from tests.helpers import compose_cfg
 
 BF16 = torch.bfloat16
@@ -129,7 +130,7 @@ def test_bf16_linear_wgrad_fp32_matches_autograd_but_unrounded():
 )
 def test_block_wgrads_are_fp32_exactly_when_te_fuses_them(overrides, fp32):
     cfg = compose_cfg("model=gpt_tiny", "recipe=tensorwise", "backend=emulated", "logger=none", *overrides)
-    backend = build_backend(cfg, torch.device("cpu"))
+    backend = build_backend(backend_spec(cfg), torch.device("cpu"))
     model = backend.build_model()
     x = torch.randint(0, cfg.model.vocab_size, (2, 32))
     with backend.autocast():
@@ -150,7 +151,7 @@ def test_first_last_blocks_and_lm_head_stay_bf16():
         "backend=emulated",
         "logger=none",
     )
-    backend = build_backend(cfg, torch.device("cpu"))
+    backend = build_backend(backend_spec(cfg), torch.device("cpu"))
     model = backend.build_model()
     quant = {n: m.quant for n, m in model.named_modules() if isinstance(m, EmulatedLinear)}
     assert quant["lm_head"] is None
@@ -211,7 +212,7 @@ def _block0_operands(recipe: str, monkeypatch) -> dict:
     """The tensors block 0's QKV and fc1 hand to their quantizers in one training step, and the
     norm outputs they came from."""
     cfg = compose_cfg("model=gpt_tiny", f"recipe={recipe}", "backend=emulated", "logger=none")
-    backend = build_backend(cfg, torch.device("cpu"))
+    backend = build_backend(backend_spec(cfg), torch.device("cpu"))
     model = backend.build_model()
     seen: dict = {}
     blk = model.blocks[0]
@@ -257,7 +258,7 @@ def test_residual_stream_and_norm_parameters_hold_bf16_values():
     from harness.model import bf16_values
 
     cfg = compose_cfg("model=gpt_tiny", "recipe=bf16", "backend=emulated", "logger=none")
-    model = build_backend(cfg, torch.device("cpu")).build_model()
+    model = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
     outs = []
     for blk in model.blocks:
         blk.register_forward_hook(lambda m, i, o: outs.append(o.detach()))

@@ -104,23 +104,22 @@ def test_close_to_torch_layer_norm(hidden):
 
 
 def test_gpt_trains_with_the_te_order_norm(monkeypatch):
-    """The model's LayerNorm takes TE's order where te_order_norm says so (CUDA); forced here on a CPU,
-    forward values come from te_layer_norm and gradients from torch's layer_norm."""
-    import harness.model as model_mod
+    """The emulated model's LayerNorm takes TE's order where te_order_norm says so (CUDA); forced here
+    on a CPU, forward values come from te_layer_norm and gradients from torch's layer_norm."""
+    import harness.backends.emulated as emulated_mod
     from harness.backends import build_backend
+    from harness.train import backend_spec
     from tests.helpers import compose_cfg
 
     overrides = ("model=gpt_tiny", "model.hidden_size=768", "model.ffn_hidden_size=1536")
     cfg = compose_cfg(*overrides)
     torch.manual_seed(0)
-    gpt = build_backend(cfg, torch.device("cpu")).build_model()
+    gpt = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
     x = torch.randint(0, cfg.model.vocab_size, (2, 16))
     ref = gpt(x).float()
-    import harness.numerics.te_layernorm as te_ln
-
     calls = []
-    monkeypatch.setattr(model_mod, "te_order_norm", lambda t: True)
-    monkeypatch.setattr(te_ln, "te_layer_norm", lambda *a: calls.append(1) or te_layer_norm(*a))
+    monkeypatch.setattr(emulated_mod, "te_order_norm", lambda t: True)
+    monkeypatch.setattr(emulated_mod, "te_layer_norm", lambda *a: calls.append(1) or te_layer_norm(*a))
     out = gpt(x).float()
     assert len(calls) == 2 * cfg.model.num_layers + 1  # ln1, ln2 per block, ln_f
     assert torch.allclose(out, ref, atol=2e-2)  # a different order of the same arithmetic

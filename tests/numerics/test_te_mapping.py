@@ -74,9 +74,10 @@ def fake_te_model(shapes: dict) -> nn.Module:
 
 def emulated_model(*overrides: str):
     from harness.backends.emulated import EmulatedBackend
+    from harness.train import backend_spec
 
     cfg = compose_cfg("model=gpt_tiny", "logger=none", *overrides)
-    return EmulatedBackend(cfg, torch.device("cpu")).build_model(), cfg.model
+    return EmulatedBackend(backend_spec(cfg), torch.device("cpu")).build_model(), cfg.model
 
 
 def test_qkv_interleave_puts_each_heads_q_k_v_together():

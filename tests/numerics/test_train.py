@@ -9,6 +9,7 @@ import torch
 
 from harness.backends import build_backend
 from harness.loss import loss_fn
+from harness.train import backend_spec
 from tests.helpers import compose_cfg
 
 RECIPES = ["bf16", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", "int4_qat", "custom"]
@@ -19,7 +20,7 @@ def setup(recipe: str, *extra: str):
     over = ["model=gpt_tiny", f"recipe={recipe}", "backend=emulated", "logger=none", *extra]
     if recipe == "custom":
         over.append(FACTORY)
-    backend = build_backend(compose_cfg(*over), torch.device("cpu"))
+    backend = build_backend(backend_spec(compose_cfg(*over)), torch.device("cpu"))
     torch.manual_seed(0)
     model = backend.build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)

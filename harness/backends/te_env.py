@@ -1,0 +1,44 @@
+"""The `NVTE_*` contract: TE reads these at import; lowp sets them from the recipe's fields.
+
+Which variables a recipe owns, and the value each field asks for, is registry data
+(`RecipeSpec.nvte_vars`); here is the process-wide part: setting them before TE is imported
+without ever overriding a user's value, and the conflict check validation runs first.
+"""
+
+from __future__ import annotations
+
+import os
+
+from harness import recipes
+from harness.config.schema import RecipeConfig
+
+# NVTE_* values lowp itself set in this process (a later run in the same process may change them)
+LOWP_SET_NVTE: dict[str, str] = {}
+
+
+def wanted(recipe: RecipeConfig) -> dict[str, str]:
+    """The `NVTE_*` values the recipe's fields ask for (architecture.md, "Honest mappings")."""
+    return recipes.get(recipe.name).nvte_env(recipe)
+
+
+def conflicts(recipe: RecipeConfig) -> list[str]:
+    """One line per variable the user set to a value the config contradicts."""
+    errs = []
+    for var, want in wanted(recipe).items():
+        have = os.environ.get(var)
+        if have is not None and LOWP_SET_NVTE.get(var) != have and have != want:
+            errs.append(
+                f"environment {var}={have} contradicts the config (which sets {var}={want}): unset it and "
+                "choose the behaviour through the recipe fields"
+            )
+    return errs
+
+
+def set_nvte_env(recipe: RecipeConfig) -> dict[str, str]:
+    """Set the NVTE_* defaults TE reads at import from config (fields are also set explicitly)."""
+    env = wanted(recipe)
+    for var, value in env.items():
+        if var not in os.environ or LOWP_SET_NVTE.get(var) == os.environ[var]:
+            os.environ[var] = value  # never overrides a user's value (validation refused a conflict)
+            LOWP_SET_NVTE[var] = value
+    return env

@@ -1,0 +1,94 @@
+"""The TE recipe object for a recipe config, every field set explicitly (no TE default relied on).
+
+The registry names the class (`RecipeSpec.te_recipe_class`); one builder per TE class here.
+"""
+
+from __future__ import annotations
+
+from harness import recipes
+from harness.config.schema import RecipeConfig, StabilityConfig
+from harness.numerics.quantizers import load_factory
+
+
+def _fmt(R, r: RecipeConfig):
+    return {"e4m3": R.Format.E4M3, "hybrid": R.Format.HYBRID}.get(r.fp8 or "", R.Format.E4M3)
+
+
+def _backward(s: StabilityConfig):
+    return None if s.fp8_wgrad else "high_precision"
+
+
+def _qparams(R, r: RecipeConfig, rec):
+    qp = lambda: R.QParams(power_2_scale=r.power_2_scales, amax_epsilon=r.amax_epsilon)  # noqa: E731
+    rec.fp8_quant_fwd_inp, rec.fp8_quant_fwd_weight, rec.fp8_quant_bwd_grad = qp(), qp(), qp()
+    return rec
+
+
+def _delayed(R, r, s):
+    return R.DelayedScaling(
+        margin=s.fp8_margin,
+        fp8_format=_fmt(R, r),
+        amax_history_len=r.fp8_amax_history_len,
+        amax_compute_algo=r.fp8_amax_compute_algo,
+        reduce_amax=True,
+        fp8_dpa=False,
+        fp8_mha=False,
+        backward_override=None,
+    )
+
+
+def _current(R, r, s):
+    rec = R.Float8CurrentScaling(
+        fp8_format=_fmt(R, r), fp8_dpa=False, fp8_mha=False, backward_override=_backward(s)
+    )
+    return _qparams(R, r, rec)
+
+
+def _block(R, r, s):
+    rec = R.Float8BlockScaling(
+        fp8_format=_fmt(R, r),
+        x_block_scaling_dim=r.x_block_dim,
+        w_block_scaling_dim=r.w_block_dim,
+        grad_block_scaling_dim=r.grad_block_dim,
+        backward_override=_backward(s),
+    )
+    return _qparams(R, r, rec)
+
+
+def _mxfp8(R, r, s):
+    return R.MXFP8BlockScaling(fp8_format=_fmt(R, r), backward_override=_backward(s))
+
+
+def _nvfp4(R, r, s):
+    return R.NVFP4BlockScaling(
+        disable_rht=r.disable_rht,
+        disable_stochastic_rounding=r.disable_stochastic_rounding,
+        disable_2d_quantization=r.disable_2d_quantization,
+        backward_override=_backward(s),
+    )
+
+
+def _custom(R, r, s):
+    return R.CustomRecipe(
+        qfactory=load_factory(r.quantizer_factory), fp8_format=_fmt(R, r), backward_override=_backward(s)
+    )
+
+
+BUILDERS = {  # TE recipe class -> builder
+    "DelayedScaling": _delayed,
+    "Float8CurrentScaling": _current,
+    "Float8BlockScaling": _block,
+    "MXFP8BlockScaling": _mxfp8,
+    "NVFP4BlockScaling": _nvfp4,
+    "CustomRecipe": _custom,
+}
+
+
+def build_te_recipe(r: RecipeConfig, s: StabilityConfig):
+    """The TE recipe object for `r`; None for BF16 compute (no TE recipe class: bf16, int4_qat)."""
+    cls = recipes.get(r.name).te_recipe_class
+    if cls is None:
+        return None
+    from transformer_engine.common import recipe as R
+
+    return BUILDERS[cls](R, r, s)

@@ -1,0 +1,402 @@
+"""The bad-input matrix: each wrong input through the real entry point (`python -m harness.train`'s
+`main`, run in this process), each a one-line message naming the option and the fix, the exit code
+(2: lowp's configuration errors; 1: runtime errors and Hydra's own composition errors, whose message
+Hydra keeps), no traceback for a user error, and nothing written earlier lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from harness import checkpoint as C
+from harness import train as T
+from harness.runlock import RunLock
+from tests.helpers import REPO, TINY
+from tests.test_data import random_docs, write_megatron
+
+FAST = [*TINY, "steps=4", "eval_interval=0", "log_interval=2"]
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    """Run the entry point in-process; (exit code, stderr)."""
+    argv = sys.argv
+    sys.argv = ["harness.train", *args]
+    try:
+        T.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return code, capsys.readouterr().err
+
+
+def refused(capsys, run_dir: Path, *args: str, code: int = 2, match: str | tuple = ()) -> str:
+    """The run is refused with `code` and one error line holding every string of `match`."""
+    got, err = cli(capsys, *FAST, f"hydra.run.dir={run_dir}", *args)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert got == code, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err, err
+    for needle in (match,) if isinstance(match, str) else match:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# -- every lowp configuration rule that a user can trip: exit 2, one line, option and fix -------------
+CONFIG_CASES = {
+    "fp8_without_format": (["recipe=delayed", "recipe.fp8=null"], ("recipe=delayed", "recipe.fp8=e4m3")),
+    "fp8_and_fp4": (["recipe=delayed", "recipe.fp4=e2m1"], ("mutually exclusive", "null")),
+    "nvfp4_format": (["recipe=nvfp4", "recipe.fp4=null"], "recipe.fp4=e2m1"),
+    "bf16_with_fp8": (["recipe.fp8=e4m3"], ("recipe=bf16", "recipe.fp8=null")),
+    "custom_no_factory": (["recipe=custom", "recipe.quantizer_factory=null"], "recipe.quantizer_factory"),
+    "first_last_delayed": (["recipe=delayed", "stability.first_last_layers_bf16=true"], "recipe=tensorwise"),
+    "first_last_too_many": (
+        [
+            "recipe=tensorwise",
+            "stability.first_last_layers_bf16=true",
+            "stability.num_layers_at_start_in_bf16=5",
+        ],
+        "model.num_layers",
+    ),
+    "amax_history": (["recipe=delayed", "recipe.fp8_amax_history_len=0"], "recipe.fp8_amax_history_len=0"),
+    "block_dim": (["recipe=blockwise", "recipe.x_block_dim=3"], ("recipe.x_block_dim=3", "use 1")),
+    "int4_group": (["recipe=int4_qat", "recipe.int4_group_size=0"], "recipe.int4_group_size=0"),
+    "low_states_need_pao": (["optimizer.exp_avg_dtype=bf16"], "use_precision_aware_optimizer=true"),
+    "offload_tensorwise": (["recipe=tensorwise", "optimizer.optimizer_cpu_offload=true"], "recipe=delayed"),
+    "fp8_param_bf16": (["optimizer.fp8_param=true"], "optimizer.fp8_param=false"),
+    "no_master_emulated": (["optimizer.master_weights=false"], "optimizer.master_weights=true"),
+    "batch_multiple": (["global_batch_size=6"], ("global_batch_size=6", "micro_batch_size=4")),
+    "micro_batch_zero": (["micro_batch_size=0", "global_batch_size=0"], "micro_batch_size=0"),
+    "heads_divide": (["model.num_attention_heads=3"], ("model.hidden_size", "num_attention_heads")),
+    "rope_odd_head": (
+        ["model.position_embedding=rope", "model.hidden_size=24", "model.num_attention_heads=8"],
+        "even head dim",
+    ),
+    "layers_zero": (["model.num_layers=0"], "model.num_layers=0"),
+    "loss_chunks": (["model.lm_head_loss_chunks=-1"], "model.lm_head_loss_chunks=-1"),
+    "steps_zero": (["steps=0"], "steps=0"),
+    "lr_negative": (["optimizer.lr=-1"], ("optimizer.lr=-1", "positive learning rate")),
+    "min_lr_above_lr": (["optimizer.min_lr=1"], ("optimizer.min_lr=1", "<= optimizer.lr")),
+    "warmup_negative": (["optimizer.warmup_steps=-1"], "optimizer.warmup_steps=-1"),
+    "betas": (["optimizer.betas=[0.9,1.5]"], "optimizer.betas"),
+    "log_interval_zero": (["log_interval=0"], "log_interval=0"),
+    "eval_interval_negative": (["eval_interval=-1"], "eval_interval=-1"),
+    "checkpoint_interval": (["checkpoint_interval=-2"], ("checkpoint_interval=-2", "null (every 10%)")),
+    "checkpoint_keep": (["checkpoint_keep=0"], "checkpoint_keep=0"),
+    "divergence_patience": (["divergence.patience=0"], "divergence.patience=0"),
+    "spike_factor": (["divergence.loss_spike_factor=0.5"], "divergence.loss_spike_factor=0.5"),
+    "resume_mode": (["resume=sometimes"], ("resume=sometimes", "auto")),
+    "unknown_name_value": (["model.activation=relu"], ("model.activation=relu", "gelu")),
+    "unknown_top_key": (["+stepz=10"], ("stepz: no such config field", "check the spelling")),
+    "unknown_nested_key": (["+optimizer.learning_rate=1"], ("optimizer.learning_rate", "in optimizer")),
+    "te_on_cpu": (["backend=te"], ("backend=te with hardware=cpu", "backend=emulated")),
+    "data_vocab_too_big": (["data.vocab_size=300"], ("data.vocab_size=300", "model.vocab_size=256")),
+    "too_few_tokens": (["data.num_tokens=40"], ("only", "tokens", "seq_length")),
+    "eval_tokens_too_many": (["data.num_tokens=3000", "eval_tokens=100000"], ("eval_tokens=100000", "lower")),
+    "factory_import": (
+        ["recipe=custom", "recipe.fp8=e4m3", "recipe.quantizer_factory=no_such_module:f"],
+        ("recipe.quantizer_factory", "cannot import"),
+    ),
+    "factory_wrong_return": (
+        ["recipe=custom", "recipe.fp8=e4m3", "recipe.quantizer_factory=builtins:slice"],
+        ("returned slice", "quantize(x, columnwise)"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_config_error(case, tmp_path, capsys):
+    overrides, match = CONFIG_CASES[case]
+    refused(capsys, tmp_path / "run", *overrides, match=match)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any work
+
+
+# -- Hydra's own composition errors keep Hydra's message and exit code 1 ------------------------------
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("recipe=fp7", "Could not find 'recipe/fp7'"),
+        ("model=gpt_huge", "Could not find 'model/gpt_huge'"),
+        ("hardware=tpu", "Could not find 'hardware/tpu'"),
+        ("steps=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+        ("optimizer.lr=fast", "could not be converted to Float"),
+    ],
+)
+def test_hydra_composition_error(override, match, tmp_path, capsys):
+    code, err = cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", override)
+    assert code == 1 and match in err, err
+
+
+# -- data files ------------------------------------------------------------------------------------
+def memmap(path: Path, tokens, dtype=np.uint16) -> Path:
+    np.asarray(tokens, dtype=dtype).tofile(path)
+    return path
+
+
+DATA = ["data=memmap", "data.eval_fraction=0.1", "eval_tokens=256"]
+
+
+def test_missing_data_file(tmp_path, capsys):
+    refused(
+        capsys, tmp_path / "r", *DATA, f"data.path={tmp_path}/nope.bin", match=("data.path=", "no such file")
+    )
+
+
+def test_empty_data_file(tmp_path, capsys):
+    (tmp_path / "e.bin").write_bytes(b"")
+    refused(capsys, tmp_path / "r", *DATA, f"data.path={tmp_path}/e.bin", match="the file is empty")
+
+
+def test_wrong_dtype_data_file(tmp_path, capsys):
+    (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02\x00\x03\x00")  # 6 bytes: no whole uint32 tokens
+    refused(
+        capsys, tmp_path / "r", *DATA, f"data.path={tmp_path}/odd.bin", "data.token_dtype=uint32",
+        match=("not a whole number of uint32 tokens", "data.token_dtype"),
+    )  # fmt: skip
+
+
+def test_directory_without_train_bin(tmp_path, capsys):
+    refused(capsys, tmp_path / "r", *DATA, f"data.path={tmp_path}", match="directory has no train.bin")
+
+
+def test_unreadable_data_file(tmp_path, capsys):
+    path = memmap(tmp_path / "t.bin", np.arange(5000) % 200)
+    path.chmod(0)
+    if os.access(path, os.R_OK):
+        pytest.skip("running as root: permissions do not stop reads")
+    refused(capsys, tmp_path / "r", *DATA, f"data.path={path}", code=2, match="data.path")
+
+
+def test_too_few_tokens_for_one_batch(tmp_path, capsys):
+    path = memmap(tmp_path / "t.bin", np.arange(50) % 200)
+    refused(capsys, tmp_path / "r", *DATA, f"data.path={path}", match=("only", "tokens", "model.seq_length"))
+
+
+def test_vocab_smaller_than_data(tmp_path, capsys):
+    path = memmap(tmp_path / "t.bin", np.arange(5000) % 300)
+    refused(
+        capsys, tmp_path / "r", *DATA, f"data.path={path}", match=("does not fit model.vocab_size=256", "300")
+    )
+
+
+@pytest.mark.parametrize("damage", ["magic", "truncated"])
+def test_corrupted_megatron_index(damage, tmp_path, capsys):
+    prefix = str(tmp_path / "ds")
+    write_megatron(prefix, random_docs(np.random.default_rng(0), 20, 200), np.uint16)
+    idx = Path(prefix + ".idx")
+    raw = idx.read_bytes()
+    idx.write_bytes(b"XXXXXXXXX" + raw[9:] if damage == "magic" else raw[:40])
+    match = "not a Megatron MMIDIDX index" if damage == "magic" else "is truncated"
+    refused(capsys, tmp_path / "r", "data=megatron", f"data.path={prefix}", match=(match, "data.path"))
+
+
+def test_multirun_checks_every_jobs_data_before_the_first(tmp_path, capsys):
+    good = memmap(tmp_path / "good.bin", np.arange(5000) % 200)
+    code, err = cli(
+        capsys,
+        "-m",
+        *FAST,
+        *DATA,
+        f"data.path={good},{tmp_path}/missing.bin",
+        f"hydra.sweep.dir={tmp_path}/s",
+    )
+    assert code == 2 and "error: job 1" in err and "no such file" in err, err
+    assert not list((tmp_path / "s").glob("*/metrics.jsonl"))  # not even job 0 ran
+
+
+# -- runtime problems: exit 1, one line, earlier files intact ----------------------------------------
+def test_two_processes_on_one_run_dir(tmp_path, capsys):
+    with RunLock(tmp_path):
+        line = refused(capsys, tmp_path, code=1, match=(f"pid {os.getpid()}", "another directory"))
+    assert "hydra.run.dir" in line
+
+
+def job_log(run_dir: Path) -> str:
+    """The run's log file (Hydra's job logging writes one per run dir)."""
+    return "".join(p.read_text() for p in run_dir.glob("*.log"))
+
+
+def test_stale_lock_of_dead_process_is_taken_over(tmp_path, capsys):
+    (tmp_path / ".lock").write_text(json.dumps({"pid": 999999, "host": "gone", "since": "then"}))
+    code, _ = cli(capsys, *FAST, f"hydra.run.dir={tmp_path}")
+    assert code == 0 and "taking over the stale lock of pid 999999" in job_log(tmp_path)
+
+
+def test_checkpoint_of_another_config_is_refused(tmp_path, capsys):
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}")[0] == 0
+    before = (tmp_path / "metrics.jsonl").read_text()
+    refused(
+        capsys, tmp_path, "optimizer.lr=1e-3", "seed=3",
+        match=("another config", "optimizer.lr: 0.003 -> 0.001", "seed: 0 -> 3", "resume=never"),
+    )  # fmt: skip
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_log_only_keys_may_change_on_resume(tmp_path, capsys):
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", "steps=4")[0] == 0
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", "log_interval=1", "name=x")[0] == 0
+
+
+def test_resume_never_moves_the_old_run_aside(tmp_path, capsys):
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}")[0] == 0
+    before = (tmp_path / "metrics.jsonl").read_text()
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", "seed=5", "resume=never")[0] == 0
+    (aside,) = tmp_path.glob("replaced_*")
+    assert (aside / "metrics.jsonl").read_text() == before and (aside / "checkpoints").is_dir()
+
+
+def test_resume_must_without_checkpoint(tmp_path, capsys):
+    refused(capsys, tmp_path, "resume=must", match=("resume=must", "no usable checkpoint"))
+
+
+def test_corrupted_checkpoints(tmp_path, capsys):
+    assert (
+        cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", "checkpoint_interval=2", "checkpoint_keep=3")[0] == 0
+    )
+    newest, older = C.candidates(tmp_path)[:2]
+    data = next(newest.glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:-7])
+    # the newest is skipped with a warning, the run resumes from the one before it
+    assert (
+        cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", "checkpoint_interval=2", "checkpoint_keep=3")[0] == 0
+    )
+    assert "step_00000004 is unusable" in job_log(tmp_path) and "falling back" in job_log(tmp_path)
+    attempts = json.loads((tmp_path / "run.json").read_text())["attempts"]
+    assert attempts[-1]["resumed_from_step"] == 2
+    for path in C.candidates(tmp_path):  # then every checkpoint broken: refused, nothing overwritten
+        (path / C.MANIFEST).unlink()
+    before = (tmp_path / "metrics.jsonl").read_text()
+    refused(capsys, tmp_path, code=1, match=("none is usable", "resume=never"))
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_full_disk_at_a_checkpoint_keeps_earlier_files(tmp_path, capsys, monkeypatch):
+    real = C._dcp_save
+
+    def full_at_4(tensors, path):
+        if path.name.startswith(".tmp-step_00000004"):
+            raise OSError(28, "No space left on device")
+        real(tensors, path)
+
+    monkeypatch.setattr(C, "_dcp_save", full_at_4)
+    refused(
+        capsys,
+        tmp_path,
+        "checkpoint_interval=2",
+        code=1,
+        match=("cannot write checkpoint 4", "No space left on device"),
+    )
+    assert [p.name for p in C.candidates(tmp_path)] == ["step_00000002"]
+    assert C.load_latest(tmp_path)[1] == 2 and not list((tmp_path / "checkpoints").glob(".tmp*"))
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss/train" in r] == [1, 2, 4]  # all logged before the failure
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left" in (tmp_path / "error.txt").read_text()
+
+
+def test_unwritable_checkpoint_dir_keeps_earlier_files(tmp_path, capsys):
+    """A run whose checkpoints cannot be written fails in one line; the rows it logged stay."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "checkpoints").write_text("a file where the checkpoint directory should be")
+    refused(
+        capsys,
+        tmp_path,
+        "checkpoint_interval=2",
+        code=1,
+        match=("cannot write checkpoint 2", "File exists", "restart to resume"),
+    )
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+
+
+def test_unique_run_dir_when_two_start_in_one_second():
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.config.store import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        first, second = (
+            str(compose("config", ["logger=none"], return_hydra_config=True).hydra.run.dir) for _ in range(2)
+        )
+    assert first != second and first.rsplit("/", 1)[0] == second.rsplit("/", 1)[0]
+
+
+# -- failures never stop a sweep; divergence is a clean end ------------------------------------------
+def test_failing_job_does_not_stop_the_sweep(tmp_path, capsys, monkeypatch):
+    real = T.Trainer.train_step
+
+    def fail_for_seed_0(self, step):
+        if self.cfg.seed == 0:
+            raise RuntimeError("simulated crash in job 0")
+        return real(self, step)
+
+    monkeypatch.setattr(T.Trainer, "train_step", fail_for_seed_0)
+    code, err = cli(capsys, "-m", *FAST, "seed=0,1", f"hydra.sweep.dir={tmp_path}")
+    assert code == 0, err
+    (job0,) = tmp_path.glob("0_*")
+    (job1,) = tmp_path.glob("1_*")
+    assert json.loads((job0 / "summary.json").read_text())["status"] == "failed"
+    assert "simulated crash in job 0" in (job0 / "error.txt").read_text()
+    assert "Traceback" in (job0 / "error.txt").read_text()
+    assert json.loads((job1 / "summary.json").read_text())["status"] == "completed"
+
+
+def test_divergence_ends_cleanly_with_exit_0(tmp_path, capsys):
+    code, _ = cli(
+        capsys, *FAST, "steps=8", "log_interval=1", "optimizer.lr=1e6", "optimizer.clip_grad=0",
+        "optimizer.warmup_steps=0", f"hydra.run.dir={tmp_path}",
+    )  # fmt: skip
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert code == 0 and s["status"] == "diverged" and s["diverged_step"] and s["divergence_cause"]
+
+
+# -- by hand: the real CLI, SIGTERM, restart ---------------------------------------------------------
+def test_cli_sigterm_then_restart_resumes(tmp_path):
+    """`python -m harness.train` stopped with SIGTERM checkpoints, says how to resume, exits 143;
+    the printed command resumes it to the same end as an uninterrupted run."""
+    args = [*TINY, "steps=30", "checkpoint_interval=50", "log_interval=1", f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.train", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stdout.read()
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "preempted" and 3 <= summary["steps"] < 30
+    assert C.load_latest(tmp_path)[1] == summary["steps"]  # checkpointed at the step boundary
+    (command,) = [
+        line.split("to resume this run: ")[1] for line in err.splitlines() if "to resume this run" in line
+    ]
+    assert f"hydra.run.dir={tmp_path}" in command
+    res = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=REPO, env=env, capture_output=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "loss/train" in x]
+    assert steps == list(range(1, 31))  # continued, no row lost or repeated
+    state = C.load_latest(tmp_path)[2]
+    assert state["data"]["position"] == 30 and torch.is_tensor(state["model"]["wte.weight"])

@@ -1,0 +1,88 @@
+"""The recipe registry agrees with conf/recipe, and what it states is what the modules do."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness import recipes
+from harness.config.schema import RecipeConfig
+from harness.config.store import load_preset, presets
+
+
+def test_every_preset_has_a_spec_and_back():
+    assert set(presets("recipe")) == set(recipes.names())
+
+
+@pytest.mark.parametrize("name", recipes.names())
+def test_yaml_agrees_with_default_fields(name):
+    spec = recipes.get(name)
+    if spec.needs_factory:  # conf/recipe/custom.yaml: quantizer_factory: ??? (the user must give it)
+        from omegaconf import OmegaConf
+
+        from harness.config.store import CONF_DIR
+
+        raw = OmegaConf.load(CONF_DIR / "recipe" / f"{name}.yaml")
+        assert OmegaConf.is_missing(raw, "quantizer_factory")
+        raw.quantizer_factory = None
+        raw.pop("defaults")
+        yaml = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RecipeConfig), raw))
+    else:
+        yaml = load_preset("recipe", name)
+    assert dataclasses.asdict(yaml) == dataclasses.asdict(spec.default_fields())
+
+
+def test_unknown_name_names_the_choices():
+    with pytest.raises(ValueError, match="recipe=mxfp4: unknown; choose one of"):
+        recipes.get("mxfp4")
+
+
+def test_specs_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipes.get("nvfp4").gemm_multiple = 8
+
+
+def test_formats_and_peaks_are_consistent():
+    for spec in recipes.REGISTRY.values():
+        fields = spec.default_fields()
+        assert not (spec.fp8_family and spec.fp4_family), spec.name
+        if spec.fp8_family:
+            assert fields.fp8 and spec.peak_dtype == "fp8", spec.name
+        if spec.fp4_family:
+            assert fields.fp4 == "e2m1" and spec.peak_dtype == "fp4", spec.name
+        if not spec.quantizes_gemms:
+            assert spec.peak_dtype == "bf16" and spec.te_recipe_class is None, spec.name
+        assert (spec.scheme is None) == (spec.name == recipes.BASELINE), spec.name
+
+
+def test_fused_casts_name_block_linears():
+    for spec in recipes.REGISTRY.values():
+        assert set(spec.fused_casts) <= {"input", "grad"}
+        for leaves in spec.fused_casts.values():
+            assert set(leaves) <= {"qkv", "proj", "fc1", "fc2"}, spec.name
+
+
+def test_nvte_vars_follow_the_fields():
+    blockwise = recipes.default_fields("blockwise")
+    assert recipes.get("blockwise").nvte_env(blockwise) == {"NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "0"}
+    fp32 = dataclasses.replace(blockwise, power_2_scales=False)
+    assert recipes.get("blockwise").nvte_env(fp32) == {"NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "1"}
+    nv = dataclasses.replace(recipes.default_fields("nvfp4"), disable_rht=True)
+    assert recipes.get("nvfp4").nvte_env(nv)["NVTE_NVFP4_DISABLE_RHT"] == "1"
+    assert recipes.get("bf16").nvte_env(recipes.default_fields("bf16")) == {}
+
+
+def test_native_recipes_by_compute_capability():
+    assert set(recipes.native_on(9.0)) == {"bf16", "int4_qat", "delayed", "tensorwise", "blockwise"}
+    assert {"mxfp8", "nvfp4"} <= set(recipes.native_on(10.0))
+    assert "mxfp8" not in recipes.native_on(12.0) and "blockwise" not in recipes.native_on(8.0)
+
+
+def test_the_hardware_presets_agree_with_the_registry():
+    """A preset's native recipes are the ones its compute capability runs (custom aside)."""
+    for name in presets("hardware"):
+        hw = load_preset("hardware", name) if name != "auto" else None
+        if hw is None or hw.compute_capability is None:
+            continue
+        assert set(hw.native_recipes) == set(recipes.native_on(hw.compute_capability)), name
