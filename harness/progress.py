@@ -48,12 +48,30 @@ def job_line(name: str, summary: dict | None, note: str = "") -> str:
     )
 
 
+class _PlainConsole:
+    """Where rich is not installed (e.g. a GPU node's own environment): plain lines, no live redraw."""
+
+    is_terminal = False
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def print(self, text, markup: bool = False) -> None:
+        print(text, file=self.stream, flush=True)
+
+
+def console(stream):
+    try:
+        from rich.console import Console
+    except ImportError:
+        return _PlainConsole(stream)
+    return Console(file=stream, highlight=False, soft_wrap=True)
+
+
 class SweepProgress:
     def __init__(self, sweep: str, total: int, stream=None, plain_every_s: float = 30.0):
-        from rich.console import Console
-
         self.sweep, self.total = sweep, total
-        self.console = Console(file=stream or sys.stderr, highlight=False, soft_wrap=True)
+        self.console = console(stream or sys.stderr)
         self.t0 = time.monotonic()
         self.done = self.failed = 0
         self.counts = {"running": 0, "queued": total}

@@ -176,7 +176,16 @@ def launch(jobs: list[Job], name: str, stamp: str, sweep_dir: Path, hydra_args: 
     sweep_dir.mkdir(parents=True, exist_ok=True)
     write_jobs(sweep_dir / "jobs.yaml", name, stamp, jobs)
     if not any(a.startswith("hydra/launcher=") for a in hydra_args):
-        hydra_args = ["hydra/launcher=serial", *hydra_args]
+        import importlib.util
+
+        # serial runs each job in its own process through submitit; without submitit, Hydra's basic
+        # launcher runs them in this one (a failed job still returns, so the sweep goes on)
+        default = "serial" if importlib.util.find_spec("submitit") else "basic"
+        if default == "basic":
+            print(
+                "note: submitit is not installed: jobs run in-process (hydra/launcher=basic)", file=sys.stderr
+            )
+        hydra_args = [f"hydra/launcher={default}", *hydra_args]
     hydra_args = [a for a in hydra_args if not a.startswith("hydra.sweep.dir=")]
     cmd = [
         sys.executable,
@@ -191,35 +200,48 @@ def launch(jobs: list[Job], name: str, stamp: str, sweep_dir: Path, hydra_args: 
     return subprocess.call(cmd)
 
 
+COLUMNS = ("job", "recipe", "seed", "status", "eval loss", "steps", "wall")
+
+
 def summary_table(jobs: list[Job], sweep_dir: Path) -> int:
     """Print every job's outcome from its run directory; returns how many did not finish."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"sweep {sweep_dir}")
-    for col in ("job", "recipe", "seed", "status", "eval loss", "steps", "wall"):
-        table.add_column(col, justify="right" if col in ("seed", "eval loss", "steps", "wall") else "left")
-    bad = 0
+    rows, counts = [], {}
     for job in jobs:
         s = read_summary(sweep_dir / job.name) or {}
         status = s.get("status") or ("not started" if not (sweep_dir / job.name).exists() else "no summary")
-        bad += status not in FINISHED
-        table.add_row(
-            job.name,
-            str(s.get("recipe") or "-"),
-            str(job.seed),
-            status,
-            fmt_loss(s.get("final_eval_loss")),
-            str(s.get("steps", "-")),
-            fmt_duration(s.get("wall_time_s")),
+        counts[status] = counts.get(status, 0) + 1
+        rows.append(
+            (
+                job.name,
+                str(s.get("recipe") or "-"),
+                str(job.seed),
+                status,
+                fmt_loss(s.get("final_eval_loss")),
+                str(s.get("steps", "-")),
+                fmt_duration(s.get("wall_time_s")),
+            )
         )
-    Console(width=max(100, Console().width)).print(table)
-    counts: dict[str, int] = {}
-    for job in jobs:
-        st = (read_summary(sweep_dir / job.name) or {}).get("status", "missing")
-        counts[st] = counts.get(st, 0) + 1
+    print_table(f"sweep {sweep_dir}", rows)
     print(f"{len(jobs)} jobs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
-    return bad
+    return sum(n for k, n in counts.items() if k not in FINISHED)
+
+
+def print_table(title: str, rows: list[tuple]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # plain columns where rich is not installed
+        widths = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+        print(title)
+        for r in [COLUMNS, *rows]:
+            print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+        return
+    table = Table(title=title)
+    for col in COLUMNS:
+        table.add_column(col, justify="right" if col in ("seed", "eval loss", "steps", "wall") else "left")
+    for r in rows:
+        table.add_row(*r)
+    Console(width=max(100, Console().width)).print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
