@@ -117,11 +117,14 @@ def test_a_failed_job_never_stops_the_sweep_and_counts_in_the_exit_code(tmp_path
     own = tmp_path / "failing.yaml"
     own.write_text(FAILING)
     sweep_dir = tmp_path / "sweep"
-    res = run_cli(["-m", "harness.sweep", str(own), f"hydra.sweep.dir={sweep_dir}"])
+    # two at a time (local_parallel); the resume below goes through the default serial launcher
+    res = run_cli(
+        ["-m", "harness.sweep", str(own), f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=local_parallel"]
+    )
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]
     ok = json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())
     assert ok["status"] == "completed"
-    assert "[2/2] 1_broken_s0" in res.stderr and "[1/2] 0_bf16_s0" in res.stderr
+    assert "1_broken_s0" in res.stderr and "0_bf16_s0" in res.stderr and "[2/2]" in res.stderr
     assert "2 jobs: 1 completed" in res.stdout and (sweep_dir / "report" / "report.html").exists()
     before = (sweep_dir / "0_bf16_s0" / "metrics.jsonl").stat().st_mtime_ns
     again = run_cli(["-m", "harness.sweep", "failing", "--resume", str(sweep_dir), "--no-report"])
