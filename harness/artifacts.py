@@ -124,11 +124,16 @@ def provenance(*, backend: dict, hardware: str, seed: int, data: dict, device: t
     }
 
 
+# summary.json's `status` values (analysis/keys.py repeats them; tests/test_contract.py checks)
+COMPLETED, DIVERGED, FAILED, PREEMPTED = "completed", "diverged", "failed", "preempted"
+STATUSES = (COMPLETED, DIVERGED, FAILED, PREEMPTED)
+
+
 @dataclass
 class Summary:
     """summary.json: every field of the contract; null where a run (or backend) cannot fill it."""
 
-    status: str = "failed"
+    status: str = FAILED
     recipe: str | None = None
     variant: str | None = None
     backend: str | None = None

@@ -22,6 +22,8 @@ not load is skipped with a warning and the next older one is used.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import io
 import json
 import logging
@@ -129,6 +131,12 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if name in self.DCP.get(module, ()):
             return super().find_class(module, name)
+        if module.startswith("torch.distributed.checkpoint.") and module in self.DCP:
+            # another torch version's metadata may name more of DCP's own data classes: admit those
+            # (dataclasses and enums), never a function or anything else
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
+                return obj
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not data")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from harness.optim import Optimizer, _tensor_bytes, quantized_parts
+from harness.optim import Optimizer, quantized_parts, tensor_bytes
 
 GIB = 2**30
 
@@ -12,8 +12,8 @@ GIB = 2**30
 def breakdown(model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None = None) -> dict:
     """GiB per category; activations are what the measured peak leaves unexplained (an estimate)."""
     params = [p for p in model.parameters()]
-    plain = sum(_tensor_bytes(p) for p in params if not quantized_parts(p))
-    quantized = sum(_tensor_bytes(p) for p in params if quantized_parts(p))
+    plain = sum(tensor_bytes(p) for p in params if not quantized_parts(p))
+    quantized = sum(tensor_bytes(p) for p in params if quantized_parts(p))
     opt = optimizer.memory_bytes()
     static = plain + quantized + opt["master_weights"] + opt["optimizer_states"] + opt["main_grads"]
     out = {

@@ -23,6 +23,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from harness import artifacts as A
 from harness import checkpoint as ckpt
 from harness import metrics as M
 from harness import recipes
@@ -39,6 +40,7 @@ from harness.hardware import device_for
 from harness.loggers import NullLogger, open_logger
 from harness.memory import breakdown
 from harness.model import count_params, flops_per_token
+from harness.numerics import telemetry as T
 from harness.optim import clip_grad, lr_at, set_lr
 from harness.runlock import RunDirLocked, RunLock
 from harness.signals import StopRequest, exit_after_preemption
@@ -167,11 +169,11 @@ class Trainer:
         return total, grad_norm, lr
 
     def _log_telemetry(self, step: int, rows: list[dict]) -> None:
-        self.writer.numerics([{"step": step + 1, **r} for r in rows])
+        self.writer.numerics([{M.STEP: step + 1, **r} for r in rows])
         flat = {M.STEP: step + 1, M.TOKENS: (step + 1) * self.tokens_per_step}
         for r in rows:
-            for stat in ("amax", "scale", "underflow", "saturation", "sqnr_db"):
-                flat[f"{M.NUMERICS}/{r['layer']}/{r['tensor']}/{stat}"] = r.get(stat)
+            for stat in T.STATS:
+                flat[f"{M.NUMERICS}/{r[T.LAYER]}/{r[T.TENSOR]}/{stat}"] = r.get(stat)
         self.writer.metrics(flat)
         self.logger.log(flat)
 
@@ -276,19 +278,19 @@ class Trainer:
             if self.stop.requested and step + 1 < cfg.steps:
                 if not saved and interval >= 0:
                     self.checkpoint(step, summary)
-                summary.status = "preempted"
+                summary.status = A.PREEMPTED
                 log.warning("preempted after step %d/%d; %s", step + 1, cfg.steps, self.resume_hint)
                 return summary
         self._eval_row(cfg.steps - 1, summary)
         if interval >= 0:
             self.checkpoint(cfg.steps - 1, summary)
-        summary.status = "completed"
+        summary.status = A.COMPLETED
         return summary
 
     resume_hint = "restart it in its run dir to resume"
 
     def _diverged(self, summary: Summary, step: int, cause: str) -> Summary:
-        summary.status, summary.diverged_step, summary.divergence_cause = "diverged", step + 1, cause
+        summary.status, summary.diverged_step, summary.divergence_cause = A.DIVERGED, step + 1, cause
         log.warning("diverged at step %d: %s", step + 1, cause)
         return summary
 
@@ -446,17 +448,17 @@ class _Job:
                 log.info("to resume this run: %s", resume_command)
                 trainer.resume_hint = f"resume with: {resume_command}"
             if trainer.start_step >= cfg.steps:
-                summary.status = "completed"
+                summary.status = A.COMPLETED
                 log.info("run %s is already complete (step %d)", run_dir, trainer.start_step)
             else:
                 trainer.fit(summary)
             trainer.finalize(summary)
             summary.wall_time_s = time.perf_counter() - t0
-            if summary.status == "preempted":
+            if summary.status == A.PREEMPTED:
                 logger.mark_preempting()
             logger.summary(asdict(summary))
         except BaseException as exc:  # noqa: BLE001 - the summary must say how the run ended, then re-raise
-            summary.status = "preempted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            summary.status = A.PREEMPTED if isinstance(exc, KeyboardInterrupt) else A.FAILED
             summary.error = f"{type(exc).__name__}: {exc}".strip()
             writer.error(f"{summary.error}\n\n{traceback.format_exc()}")
             where = "" if isinstance(exc, USER_ERRORS) else f" (traceback in {run_dir}/error.txt)"
@@ -550,7 +552,7 @@ def main(dcfg: DictConfig) -> float | None:
         sys.exit(code)
     finally:
         stop.restore()
-    if summary.status == "preempted":
+    if summary.status == A.PREEMPTED:
         exit_after_preemption(stop.signum, stop.previous.get(stop.signum))
     loss = summary.final_eval_loss if summary.final_eval_loss is not None else summary.final_train_loss
     return loss if loss is not None and math.isfinite(loss) else None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -44,3 +46,23 @@ def run_cli(args: list[str], cwd: Path = REPO, timeout: int = 300, env: dict | N
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
     )
+
+
+# GPU tests (marked `gpu`, next to their subjects): skipped without CUDA / Transformer Engine
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+needs_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs TE")
+GPU_TINY = [
+    "model=gpt_tiny",
+    "model.hidden_size=128",
+    "model.ffn_hidden_size=512",
+    "model.num_attention_heads=2",
+    "hardware=auto",
+    "logger=none",
+    "data=markov",
+    "micro_batch_size=8",
+    "global_batch_size=8",
+    "eval_tokens=4096",
+    "eval_interval=0",
+    "log_interval=10",
+    "checkpoint_interval=-1",
+]

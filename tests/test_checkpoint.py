@@ -111,3 +111,25 @@ def test_no_checkpoint_is_none(tmp_path):
 def test_unstorable_leaf_names_its_path(tmp_path):
     with pytest.raises(TypeError, match="model.f: cannot store a function"):
         C.save(tmp_path, 1, {"model": {"f": lambda: 0}}, keep=1)
+
+
+def test_te_parameter_names_map_back_to_the_canonical_ones():
+    """Checkpoints name TEGPT's parameters like the emulated GPT's (the te.TransformerLayer names
+    written down from TE 2.20.2's sources: fuse_qkv_params=True, LayerNormMLP)."""
+    from harness.backends.te_names import canonical_name, te_name
+
+    pairs = {
+        "blocks.0.ln1.weight": "blocks.0.layer.self_attention.layernorm_qkv.layer_norm_weight",
+        "blocks.0.ln1.bias": "blocks.0.layer.self_attention.layernorm_qkv.layer_norm_bias",
+        "blocks.0.attn.qkv.weight": "blocks.0.layer.self_attention.layernorm_qkv.weight",
+        "blocks.1.attn.proj.bias": "blocks.1.layer.self_attention.proj.bias",
+        "blocks.1.ln2.weight": "blocks.1.layer.layernorm_mlp.layer_norm_weight",
+        "blocks.1.mlp.fc1.weight": "blocks.1.layer.layernorm_mlp.fc1_weight",
+        "blocks.1.mlp.fc2.bias": "blocks.1.layer.layernorm_mlp.fc2_bias",
+        "wte.weight": "wte.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
+    for canonical, te in pairs.items():
+        assert te_name(canonical) == te and canonical_name(te) == canonical
+    with pytest.raises(KeyError):
+        canonical_name("blocks.0.layer.self_attention.core_attention.weight")

@@ -21,10 +21,37 @@ def test_summary_fields_agree():
 
 
 def test_statuses_the_harness_writes_are_known_to_analysis():
-    import inspect
+    from harness import artifacts
 
-    from harness import train
+    assert artifacts.STATUSES == (A.COMPLETED, A.DIVERGED, A.FAILED, A.PREEMPTED)
+    assert A.INCOMPLETE not in artifacts.STATUSES  # analysis's own name, never written
+    assert Summary().status == artifacts.FAILED  # a summary written before the end says failed
 
-    source = inspect.getsource(train)
-    for status in (A.COMPLETED, A.DIVERGED, A.FAILED, A.PREEMPTED):
-        assert f'"{status}"' in source
+
+def test_telemetry_columns_agree():
+    from harness.numerics import telemetry
+
+    assert (telemetry.LAYER, telemetry.TENSOR) == (A.TELEMETRY_LAYER, A.TELEMETRY_TENSOR)
+    assert telemetry.TENSORS == A.TELEMETRY_TENSORS
+    assert telemetry.STATS == A.TELEMETRY_STATS
+
+
+def test_telemetry_rows_have_the_contract_columns():
+    import torch
+
+    from harness.numerics import quantize, telemetry
+
+    x = torch.randn(128, 128)
+    row = telemetry.tensor_row("blocks.0.attn.qkv", "input", x, quantize(x, "tensorwise", role="input"))
+    assert tuple(row) == (A.TELEMETRY_LAYER, A.TELEMETRY_TENSOR, *A.TELEMETRY_STATS)
+
+
+def test_the_names_analysis_keeps_of_the_harness_agree():
+    from harness import recipes
+    from harness.backends.emulated import EmulatedBackend
+    from harness.backends.te import TEBackend
+    from harness.config.schema import OptimizerConfig, StabilityConfig
+
+    assert A.BASELINE_RECIPE == recipes.BASELINE and A.BASELINE_RECIPE in recipes.names()
+    assert (A.NATIVE_BACKEND, A.EMULATED_BACKEND) == (TEBackend.name, EmulatedBackend.name)
+    assert A.DEFAULT_VARIANT == f"{StabilityConfig().name}+{OptimizerConfig().name}"

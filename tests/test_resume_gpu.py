@@ -65,10 +65,12 @@ def test_te_resume_after_sigterm_keeps_scaling_state_and_curve(recipe, tmp_path,
     assert T.run(compose_cfg(*RUN, f"recipe={recipe}"), ref).status == "completed"
 
     seen: dict[str, dict] = {}
+    fired: list[int] = []
     step_fn, save_fn, load_fn = T.Trainer.train_step, T.Trainer.checkpoint, T.Trainer.load_state_dict
 
     def train_step(self, step):
-        if step == STOP_AT and not seen:
+        if step == STOP_AT and not fired:  # the first run only
+            fired.append(step)
             os.kill(os.getpid(), signal.SIGTERM)  # a real signal, caught by the run's StopRequest
         return step_fn(self, step)
 

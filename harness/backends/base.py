@@ -123,4 +123,3 @@ class Backend(ABC):
             )
         result = model.load_state_dict({own[k]: v for k, v in state.items()}, strict=False)
         assert not result.unexpected_keys, result.unexpected_keys
-

@@ -11,7 +11,11 @@ import math
 
 import torch
 
+# the columns of a telemetry row (numerics.jsonl; analysis/keys.py repeats them, test_contract checks)
+LAYER, TENSOR = "layer", "tensor"
 TENSORS = ("input", "weight", "grad")
+AMAX, SCALE, UNDERFLOW, SATURATION, SQNR_DB = "amax", "scale", "underflow", "saturation", "sqnr_db"
+STATS = (AMAX, SCALE, UNDERFLOW, SATURATION, SQNR_DB)
 
 
 def sqnr_db(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -36,13 +40,13 @@ def tensor_row(layer: str, tensor: str, x: torch.Tensor, q) -> dict:
     sat = getattr(q, "saturated_count", None)
     scale = getattr(q, "telemetry_scale", None)
     return {
-        "layer": layer,
-        "tensor": tensor,
-        "amax": float(x.abs().max()) if x.numel() else 0.0,
-        "scale": float(scale()) if scale is not None else None,
-        "underflow": flushed / n_nonzero if n_nonzero else 0.0,
-        "saturation": float(sat()) / x.numel() if sat is not None and x.numel() else None,
-        "sqnr_db": sqnr_db(x, deq),
+        LAYER: layer,
+        TENSOR: tensor,
+        AMAX: float(x.abs().max()) if x.numel() else 0.0,
+        SCALE: float(scale()) if scale is not None else None,
+        UNDERFLOW: flushed / n_nonzero if n_nonzero else 0.0,
+        SATURATION: float(sat()) / x.numel() if sat is not None and x.numel() else None,
+        SQNR_DB: sqnr_db(x, deq),
     }
 
 

@@ -1,4 +1,5 @@
-"""PrecisionAwareAdamW against torch's AdamW, hand computations of numerics.md §8, and tiny trainings."""
+"""PrecisionAwareAdamW against torch's AdamW, hand computations of numerics.md §8, and tiny trainings
+(the state encodings' exact tests: tests/numerics/test_adam_states.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from harness.numerics.adam_states import FP8_MAX, FP16_RANGE, dequantize, quantize
 from harness.optim import param_groups
-from harness.precision_adam import (
-    FP8_MAX,
-    FP16_RANGE,
-    PrecisionAwareAdamW,
-    decode_e4m3_over_256,
-    dequantize,
-    install_main_grad_hooks,
-    quantize,
-)
+from harness.optim.emulated_adam import PrecisionAwareAdamW, install_main_grad_hooks
 
 f32 = np.float32
 ALL_CODES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
@@ -68,47 +62,6 @@ def test_fp32_matches_torch_adamw():
             torch.testing.assert_close(
                 opt.state[p][name], ref_state, rtol=1e-6, atol=1e-6 * ref_state.abs().max()
             )
-
-
-def test_fp8_encoding_worked_example():
-    x = torch.tensor([11.0, -5.5, 0.3, 1e-3, -2e-5, 0.0])
-    codes, scale, scale_inv, s = quantize(x.clone(), "fp8")
-    # by hand: s = fl32(11/448), scale = fl32(1/s), scale_inv = fl32(1/scale) != s (two reciprocals)
-    s_ref = f32(11.0) / f32(448.0)
-    scale_ref = f32(1.0) / s_ref
-    assert s.item() == s_ref and scale.item() == scale_ref == f32(40.727272)
-    assert scale_inv.item() == f32(1.0) / scale_ref == f32(0.024553573) != s_ref
-    # 11 -> 447.99998 -> 448 (0x7E); -5.5 -> -224 (0xF6); 0.3 -> 12.2 -> 12 (0x54);
-    # 1e-3 -> 0.0407 -> 10 * 2^-8 (0x12); -2e-5 -> -8.1e-4 < 2^-10 -> -0 (0x80); 0 -> 0x00
-    expected = [0x7E, 0xF6, 0x54, 0x12, 0x80, 0x00]
-    assert codes.view(torch.uint8).tolist() == expected
-    assert e4m3_codes(x.numpy() * scale_ref).tolist() == expected
-    # absmax 0.5: scale = 895.99994, not 448/0.5; its element still saturates onto 448
-    codes, scale, _, _ = quantize(torch.tensor([0.5, -0.5]), "fp8")
-    assert scale.item() == f32(895.99994) and codes.view(torch.uint8).tolist() == [0x7E, 0xFE]
-
-
-def test_fp8_encoding_random_matches_reference_and_decodes_within_resolution():
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(20000, generator=gen) * torch.logspace(-6, 2, 20000)
-    codes, scale, scale_inv, _ = quantize(x.clone(), "fp8")
-    ref = e4m3_codes(x.numpy() * f32(scale.item()))
-    assert np.array_equal(codes.view(torch.uint8).numpy(), ref)
-    back = dequantize(codes, scale_inv)
-    assert torch.equal(back, codes.float() * scale_inv)  # TE's get_unscaled_state: q * scale_inv
-    # E4M3: 3 mantissa bits -> relative error <= 2^-4; below 2^-6 absolute steps of 2^-9
-    err = (back - x).abs()
-    assert bool((err <= x.abs() * 2**-4 + 2**-10 * scale_inv * 1.0001).all())
-    assert (codes.view(torch.uint8) & 0x7F).max().item() == 0x7E
-
-
-def test_fast_decode_is_exact_for_every_code():
-    fast = decode_e4m3_over_256(ALL_CODES) * 256
-    ref = ALL_CODES.float()
-    finite = ~torch.isnan(ref)
-    assert torch.equal(fast[finite], ref[finite]) and int(finite.sum()) == 254
-    si = torch.tensor([0.0])  # NaN codes with scale_inv 0 (the zero-state hazard) stay NaN
-    assert torch.isnan(dequantize(ALL_CODES, si)[0x7F]).item()
 
 
 def test_step_from_zero_state_by_hand():
