@@ -212,11 +212,10 @@ class LowpLauncher(Launcher):
         return p.job.watcher.get_state(p.job.job_id, mode="cache").upper().split(" ")[0]
 
     def _done(self, p: Planned) -> bool:
-        if p.job.paths.result_pickle.exists():
-            return True
         if self._EXECUTOR == "slurm":
+            # Slurm's state, not the result file: a job requeued after writing one runs again
             return p.job.watcher.is_done(p.job.job_id, mode="cache")
-        return p.job.done()
+        return p.job.paths.result_pickle.exists() or p.job.done()
 
     def _job_return(self, p: Planned) -> JobReturn:
         summary = _summary(p) or {}
