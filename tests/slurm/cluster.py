@@ -242,7 +242,7 @@ class Cluster:
         return out.returncode == 0 and out.stdout.strip() in ("idle", "mix", "alloc")
 
     # -- stop --------------------------------------------------------------------------------------
-    def down(self, timeout: float = 30) -> None:
+    def down(self, timeout: float = 90) -> None:
         pids_file = self.dir / "pids.json"
         if pids_file.exists():
             self.pids = json.loads(pids_file.read_text())
@@ -257,6 +257,12 @@ class Cluster:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self._jobs_left():
                 time.sleep(0.5)
+            if self._jobs_left():  # their slurmstepd processes outlive slurmd: say so, with the ids
+                print(
+                    f"local Slurm: jobs still ending after {timeout:.0f}s; their slurmstepd processes "
+                    "may remain (`ps -C slurmstepd`)",
+                    file=sys.stderr,
+                )
         for name in reversed(DAEMONS):
             pid = self.pids.get(name)
             if pid is not None:
