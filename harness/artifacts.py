@@ -73,6 +73,28 @@ def git_state() -> dict:
     return {"git_sha": sha, "git_dirty": bool(status) if status is not None else None}
 
 
+SLURM_ENV = {
+    "job_id": "SLURM_JOB_ID",
+    "array_job_id": "SLURM_ARRAY_JOB_ID",
+    "array_task_id": "SLURM_ARRAY_TASK_ID",
+    "restart_count": "SLURM_RESTART_COUNT",
+    "node": "SLURMD_NODENAME",
+    "job_name": "SLURM_JOB_NAME",
+    "partition": "SLURM_JOB_PARTITION",
+}
+
+
+def slurm_env() -> dict | None:
+    """The Slurm job this attempt runs in (None outside Slurm); restart_count 0 on the first run."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    out = {k: os.environ.get(v) for k, v in SLURM_ENV.items()}
+    for k in ("job_id", "array_job_id", "array_task_id"):
+        out[k] = int(out[k]) if out[k] and out[k].isdigit() else out[k]
+    out["restart_count"] = int(out["restart_count"] or 0)
+    return out
+
+
 def provenance(*, backend: dict, hardware: str, seed: int, data: dict, device: torch.device) -> dict:
     from harness.backends.capability import te_installed_version
 
@@ -96,6 +118,7 @@ def provenance(*, backend: dict, hardware: str, seed: int, data: dict, device: t
         "data_fingerprint": data.get("fingerprint"),
         "data": data,
         "hostname": socket.gethostname(),
+        "slurm": slurm_env(),
         "argv": sys.argv,
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -20,6 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 
 def job_overrides(config: DictConfig) -> list[list[str]]:
     """The override list of every job of this multirun, in launch order."""
+    jobs_file = OmegaConf.select(config, "hydra.sweeper.jobs_file")
+    if jobs_file:  # hydra/sweeper=lowp (harness.sweep): an explicit job list
+        from hydra_plugins.lowp_launcher.sweeper import load_jobs
+
+        return load_jobs(jobs_file)
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -35,20 +35,36 @@ class WandbLogger:
     def __init__(self, run):
         self.run = run
         self.run_id = run.id
+        self.lost = False
         run.define_metric(TOKENS)
         run.define_metric("*", step_metric=TOKENS)
 
+    def _call(self, what: str, fn) -> None:
+        """A lost W&B service never fails the run: under Slurm a SIGTERM (requeue, preemption) reaches
+        wandb's service process too, while the loop still runs to its step boundary. The run dir's own
+        files keep every row; the resumed attempt logs on to the same W&B run."""
+        if self.lost:
+            return
+        try:
+            fn()
+        except (ConnectionError, BrokenPipeError, OSError) as exc:
+            self.lost = True
+            logging.getLogger("lowp").warning("W&B %s failed (%s); local files go on", what, exc)
+
     def log(self, row: dict) -> None:
-        self.run.log({k: v for k, v in row.items() if v is not None})
+        self._call("log", lambda: self.run.log({k: v for k, v in row.items() if v is not None}))
 
     def summary(self, summary: dict) -> None:
-        for k, v in summary.items():
-            if isinstance(v, (int, float, str, bool)) or v is None:
-                self.run.summary[k] = v
+        def write():
+            for k, v in summary.items():
+                if isinstance(v, (int, float, str, bool)) or v is None:
+                    self.run.summary[k] = v
+
+        self._call("summary", write)
 
     def mark_preempting(self) -> None:
         """W&B shows the run as preempted (not crashed); the resumed attempt continues it."""
-        self.run.mark_preempting()
+        self._call("mark_preempting", self.run.mark_preempting)
 
     def describe(self) -> dict:
         return {
@@ -97,6 +113,10 @@ def open_logger(
         id=run_id,
         resume="allow" if run_id else None,
     )
+    from harness.artifacts import slurm_env
+
+    # the Slurm job of this attempt (a requeued job keeps its W&B run; restart_count says which attempt)
+    run.config.update({"slurm": slurm_env()}, allow_val_change=True)
     logging.getLogger("lowp").info("W&B %s run %s in %s", w.mode, run.id, run.dir)
     exit_code = 1
     try:

@@ -507,13 +507,16 @@ def _run_json(
 
 
 def _sweep_group(run_dir: Path) -> str | None:
-    """Multirun jobs share their sweep directory's name as W&B group."""
+    """Multirun jobs share a W&B group named after their sweep directory, `<parent>/<name>`: for Hydra's
+    default multirun/<date>/<time> that is `<date>/<time>` (unique across days); harness.sweep sets
+    `<sweep>/<date_time>` explicitly (logger.wandb.group)."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
         hc = HydraConfig.get()
         if hc.mode and hc.mode.name == "MULTIRUN":
-            return Path(hc.sweep.dir).name
+            sweep_dir = Path(hc.sweep.dir)
+            return f"{sweep_dir.parent.name}/{sweep_dir.name}"
     except ValueError:
         pass
     return None

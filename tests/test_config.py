@@ -139,5 +139,9 @@ def test_slurm_launcher_preset_composes():
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hcompose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
-    assert "SlurmLauncher" in cfg.hydra.launcher._target_
-    assert cfg.hydra.launcher.gpus_per_node == 1
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("LowpSlurmLauncher")
+    # runs on any Slurm as shipped: no GPU gres, modest CPUs and memory, requeue on time limits
+    assert launcher.gpus_per_node is None and launcher.gres is None and launcher.partition is None
+    assert launcher.cpus_per_task <= 4 and launcher.mem_gb <= 16
+    assert launcher.max_num_timeout > 0 and 0 < launcher.signal_delay_s <= launcher.timeout_min * 60 / 10

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hydra.core.config_store import ConfigStore
 
 from harness.config import schema
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from harness.paths import CONF_DIR
 
 GROUPS = {
     "recipe": schema.RecipeConfig,

@@ -1,0 +1,166 @@
+"""A sweep through a real single-node Slurm (tests/slurm/cluster.py), with two forced requeues.
+
+Runs when CI=true or LOWP_TEST_SLURM=1 (it may apt-get slurm-wlm, munge, slurmdbd and mariadb-server
+there, and starts daemons on free ports); skipped elsewhere. The 4-job sweep `tiny_matrix` goes through
+hydra/launcher=slurm as shipped; one job is requeued with `scontrol requeue` (SIGTERM), another gets
+submitit's USR2 (`scancel --signal=USR2`, what submitit sends before a time limit), both mid-run. Both
+must resume from their checkpoints: every summary `completed`, exit code 0, the requeued runs' curves
+equal step for step to uninterrupted runs of the same config, one W&B run per job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness import metrics as M
+from tests.helpers import REPO
+from tests.slurm.cluster import Cluster, allowed_to_install, ensure_installed, missing_binaries
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+TIMING = (M.STEP_MS, M.TOKENS_PER_S, M.TFLOPS, M.MFU)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    if not allowed_to_install():
+        pytest.skip("real-Slurm test: set LOWP_TEST_SLURM=1 (or CI=true) to run it")
+    ensure_installed()
+    if missing_binaries():
+        pytest.skip(f"Slurm binaries missing after install: {missing_binaries()}")
+    cluster = Cluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        t0 = time.monotonic()
+        cluster.up()
+        cluster.up_s = time.monotonic() - t0
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def squeue(cluster: Cluster) -> dict[str, tuple[str, str]]:
+    """job name -> (job id, state) of the jobs Slurm knows now."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T"], env=cluster.env, capture_output=True, text=True)
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 2]
+    return {name: (jid, state) for jid, name, state in rows}
+
+
+def rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def curve(run_dir: Path) -> list[tuple]:
+    """(step, train loss, lr, grad norm) of every logged row, eval losses by step: the numbers, not timing."""
+    out = []
+    for r in rows(run_dir):
+        out.append(tuple(sorted((k, v) for k, v in r.items() if k not in TIMING)))
+    return out
+
+
+def interrupt_when(cluster, sweep_dir: Path, job: str, after_step: int, cmd, deadline: float) -> str:
+    """Wait until `job` runs and has logged `after_step` steps, then run cmd(job_id); returns the id."""
+    while time.monotonic() < deadline:
+        info = squeue(cluster).get(f"lowp:tiny_matrix:{job}")
+        done = rows(sweep_dir / job)
+        if info and info[1] == "RUNNING" and len(done) >= after_step:
+            subprocess.run(cmd(info[0]), env=cluster.env, check=True, capture_output=True)
+            return info[0]
+        time.sleep(0.2)
+    raise AssertionError(f"{job} never reached step {after_step} while running")
+
+
+def test_sweep_on_real_slurm_survives_requeues(slurm, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    env = {**slurm.env, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
+    t0 = time.monotonic()
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.sweep",
+            "tiny_matrix",
+            f"hydra.sweep.dir={sweep_dir}",
+            "hydra/launcher=slurm",
+            "hydra.launcher.poll_s=1",
+            "--no-report",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + float(os.environ.get("LOWP_SLURM_TEST_BUDGET_S", 420))
+        # SIGTERM through Slurm's own requeue, then submitit's USR2, both mid-run
+        term_id = interrupt_when(
+            slurm, sweep_dir, "0_bf16_s0", 8, lambda j: ["scontrol", "requeue", j], deadline
+        )
+        usr2_id = interrupt_when(
+            slurm, sweep_dir, "1_tensorwise_s0", 8, lambda j: ["scancel", "--signal=USR2", j], deadline
+        )
+        out, _ = driver.communicate(timeout=max(10, deadline - time.monotonic() + 60))
+    except BaseException:
+        driver.kill()
+        print(driver.communicate()[0][-4000:])  # what the driver said, for the failure report
+        raise
+    wall = time.monotonic() - t0
+    assert driver.returncode == 0, out[-4000:]
+
+    jobs = ["0_bf16_s0", "1_tensorwise_s0", "2_bf16_s1", "3_tensorwise_s1"]
+    summaries = {j: json.loads((sweep_dir / j / "summary.json").read_text()) for j in jobs}
+    assert {j: s["status"] for j, s in summaries.items()} == dict.fromkeys(jobs, "completed"), out[-3000:]
+    assert "4 jobs: 4 completed" in out and "[4/4]" in out
+
+    runs = {j: json.loads((sweep_dir / j / "run.json").read_text()) for j in jobs}
+    for job, jid in (("0_bf16_s0", term_id), ("1_tensorwise_s0", usr2_id)):
+        slurm_info = runs[job]["provenance"]["slurm"]
+        assert str(slurm_info["job_id"]) == jid and slurm_info["restart_count"] >= 1, slurm_info
+        assert slurm_info["job_name"] == f"lowp:tiny_matrix:{job}" and slurm_info["node"]
+        assert len(runs[job]["attempts"]) >= 2, runs[job]["attempts"]
+    assert runs["2_bf16_s1"]["provenance"]["slurm"]["restart_count"] == 0
+
+    # one W&B run per job: every attempt of a job logged to the same run id, and the ids differ
+    ids = {}
+    for job in jobs:
+        offline = sorted((sweep_dir / job / "wandb").glob("offline-run-*"))
+        run_ids = {p.name.rsplit("-", 1)[1] for p in offline}
+        assert run_ids == {runs[job]["wandb"]["run_id"]}, (job, offline)
+        ids[job] = run_ids.pop()
+    assert len(set(ids.values())) == len(jobs)
+    assert runs["0_bf16_s0"]["wandb"]["group"] == runs["3_tensorwise_s1"]["wandb"]["group"]
+    assert runs["0_bf16_s0"]["wandb"]["group"].startswith("tiny_matrix/")
+
+    # the requeued runs' curves equal uninterrupted runs of the same overrides, step for step
+    spec = OmegaConf.to_container(OmegaConf.load(sweep_dir / "jobs.yaml"))
+    by_name = {j["name"]: j["overrides"] for j in spec["jobs"]}
+    refs = {}
+    for job in ("0_bf16_s0", "1_tensorwise_s0"):  # both at once: the node's two jobs are done
+        overrides = [o for o in by_name[job] if not o.startswith(("hydra.", "logger"))]
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness.train",
+            *overrides,
+            "logger=none",
+            f"hydra.run.dir={tmp_path / job}",
+        ]
+        refs[job] = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+    for job, proc in refs.items():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        got, want = curve(sweep_dir / job), curve(tmp_path / job)
+        assert len(want) >= 40 and got == want, job
+    print(f"\nslurm up {slurm.up_s:.1f}s; sweep of 4 jobs with 2 requeues {wall:.0f}s")
