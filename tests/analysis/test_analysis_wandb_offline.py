@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from analysis import keys as K
-from analysis.compare import compare
-from analysis.load import RunWarning, load_runs
+from analysis.pairing import compare
+from analysis.reader import RunWarning, load_runs
 from analysis.wandb_offline import find_offline_runs, iter_records, read_offline_run
 
 TOKENS_PER_STEP = 512
