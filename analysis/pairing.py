@@ -629,6 +629,36 @@ def _missing_text(key: GroupKey, all_runs: list[Run]) -> str:
     return "missing: no completed BF16 run in this group" + hint
 
 
+_PRESET_SECTIONS = ("recipe", "stability", "optimizer")
+
+
+def _settings(run: Run) -> dict[str, Any]:
+    out = {}
+    for section in _PRESET_SECTIONS:
+        d = run.config.get(section)
+        if isinstance(d, dict):
+            out.update({f"{section}.{k}": str(v) for k, v in d.items() if k != "name"})
+    return out
+
+
+def arm_variants(runs: list[Run]) -> dict[int, str]:
+    """The variant of each run (by id): its stability+optimizer presets, plus every recipe/stability/
+    optimizer field that differs between runs of the same recipe and presets (e.g. NVFP4 with
+    `recipe.disable_rht=True` against NVFP4 with its defaults), so such runs are separate arms."""
+    by_preset: dict[tuple, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_preset[(r.recipe, r.variant)].append(r)
+    out = {}
+    for (_, variant), rs in by_preset.items():
+        settings = [_settings(r) for r in rs]
+        keys = sorted(set().union(*settings))
+        varying = [k for k in keys if len({st.get(k) for st in settings}) > 1]
+        for r, st in zip(rs, settings, strict=True):
+            sig = ",".join(f"{k.split('.', 1)[1]}={st.get(k)}" for k in varying)
+            out[id(r)] = f"{variant} {{{sig}}}" if sig else variant
+    return out
+
+
 def compare(runs: list[Run], *, smooth_frac: float = SMOOTH_FRAC) -> Comparison:
     """Group the runs and measure every arm of every group against the group's BF16 baseline."""
     by_group: dict[GroupKey, list[Run]] = defaultdict(list)
@@ -654,8 +684,9 @@ def _compare_group(key: GroupKey, runs: list[Run], all_runs: list[Run], smooth_f
             f"only {len(base.runs)} BF16 seed(s): intervals are wide or missing; run >= 3 seeds per arm"
         )
     arms: dict[tuple, list[Run]] = defaultdict(list)
+    variants = arm_variants(runs)
     for r in runs:
-        arms[(r.recipe, r.variant, r.backend)].append(r)
+        arms[(r.recipe, variants[id(r)], r.backend)].append(r)
     missing = _missing_text(key, all_runs)
     for (recipe, variant, backend), arm_runs in sorted(arms.items(), key=lambda kv: _arm_order(kv[0], base)):
         role = "baseline" if base and variant == base.variant and recipe == K.BASELINE_RECIPE else "arm"

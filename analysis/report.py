@@ -303,12 +303,7 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
     numerics = runs.numerics
     groups = []
     for g in comparison.groups:
-        df = comp[
-            (comp["hardware"].astype(str) == str(g.key.hardware))
-            & (comp["model"].astype(str) == str(g.key.model))
-            & (comp["data"].astype(str) == str(g.key.data))
-            & (comp["tokens"] == g.key.tokens)
-        ]
+        df = group_rows(comp, g)
         cells = group_cells(g, numerics)
         figs = []
         for name, fig, caption in plots.group_figures(g, numerics) if figures else []:
@@ -340,15 +335,20 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
     return html_path
 
 
+def group_rows(comp: pd.DataFrame, g: Group) -> pd.DataFrame:
+    """The comparison rows of group `g` (None-safe: keys are compared as strings)."""
+    key = [str(k) for k in (g.key.hardware, g.key.model, g.key.data, g.key.tokens)]
+    cols = ["hardware", "model", "data", "tokens"]
+    text = lambda v: "None" if v is None or v != v else str(int(v) if isinstance(v, float) else v)
+    as_str = comp[cols].astype(object).map(text)
+    return comp[(as_str == key).all(axis=1)]
+
+
 def terminal_table(comparison: Comparison) -> str:
     comp = comparison_frame(comparison)
     parts = []
     for g in comparison.groups:
-        df = comp[comp["tokens"] == g.key.tokens]
-        df = df[
-            (df["hardware"].astype(str) == str(g.key.hardware))
-            & (df["model"].astype(str) == str(g.key.model))
-        ]
+        df = group_rows(comp, g)
         disp = display_frame(df)[["rank", "recipe", "verdict", "gap [95% CI]", "would detect ≥",
                                   "throughput vs BF16", "seeds × steps"]]  # fmt: skip
         base = f"BF16 seeds {','.join(map(str, g.baseline.seeds))}" if g.baseline else "NONE"

@@ -54,6 +54,22 @@ class WandbLogger:
         }
 
 
+def wandb_config(run_json: dict) -> dict:
+    """The resolved config plus a `resolved` section of flat keys to filter and group runs by in W&B
+    (`resolved.backend` is the backend that ran, not `auto`; recipe fields are `recipe.*` already)."""
+    cfg, prov = run_json.get("config") or {}, run_json.get("provenance") or {}
+    name = lambda v: v.get("name") if isinstance(v, dict) else v
+    variant = f"{name(cfg.get('stability'))}+{name(cfg.get('optimizer'))}"
+    resolved = {
+        "backend": prov.get("backend"), "hardware": prov.get("hardware"), "te_version": prov.get("te"),
+        "torch_version": prov.get("torch"), "cuda": prov.get("cuda"), "gpu_name": prov.get("gpu_name"),
+        "recipe": name(cfg.get("recipe")), "variant": variant,
+        "model": name(cfg.get("model")), "data": name(cfg.get("data")), "seed": cfg.get("seed"),
+        "config_warnings": len(run_json.get("config_warnings") or []),
+    }  # fmt: skip
+    return {**cfg, "resolved": resolved}
+
+
 @contextlib.contextmanager
 def open_logger(
     cfg: LoggerConfig,

@@ -32,7 +32,7 @@ from harness.config.store import CONF_DIR, register
 from harness.config.validate import ConfigError, ConfigWarning, validate
 from harness.data import build_data
 from harness.hardware import device_for, resolve_hardware
-from harness.loggers import open_logger
+from harness.loggers import open_logger, wandb_config
 from harness.memory import breakdown
 from harness.model import count_params, flops_per_token
 from harness.optim import build_optimizer, clip_grad, lr_at, set_lr
@@ -276,7 +276,7 @@ class Trainer:
 def run(cfg: Config, run_dir: Path) -> Summary:
     """Validate, train and write one complete run directory; returns its summary."""
     cfg.hardware = resolve_hardware(cfg.hardware)
-    validate(cfg)
+    config_warnings = validate(cfg)
     run_dir = Path(run_dir)
     try:
         trainer = Trainer(cfg, run_dir)
@@ -295,6 +295,7 @@ def run(cfg: Config, run_dir: Path) -> Summary:
     try:
         summary.backend = trainer.backend.name
         run_json = _run_json(cfg, trainer)
+        run_json["config_warnings"] = config_warnings  # printed once; kept for the report
         writer.write_run(run_json)
         name = cfg.name or f"{cfg.recipe.name}-s{cfg.seed}"
         with open_logger(
@@ -304,7 +305,7 @@ def run(cfg: Config, run_dir: Path) -> Summary:
             group=_sweep_group(run_dir),
             job_type=cfg.recipe.name,
             tags=[cfg.recipe.name, trainer.backend.name, variant(cfg)],
-            config=run_json["config"],
+            config=wandb_config(run_json),
         ) as logger:
             run_json["wandb"] = logger.describe()
             writer.write_run(run_json)
