@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections import Counter
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
