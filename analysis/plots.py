@@ -201,7 +201,7 @@ def absent_reason(group: Group, name: str) -> str:
 
 TELEMETRY_PANELS = (
     ("underflow", "underflow (% of elements flushed to 0)"),
-    ("saturation", "saturation (% of elements clipped)"),
+    ("saturation", "saturation (% of elements at the format's largest code)"),
     ("sqnr_db", "SQNR (dB)"),
 )
 
@@ -213,8 +213,8 @@ def telemetry_heatmaps(cells: pd.DataFrame, title: str) -> Figure | None:
         return None
     cols = list(dict.fromkeys(zip(cells["arm"], cells["tensor"], strict=True)))
     layers = list(dict.fromkeys(cells["layer"]))
-    height = 2.8 + 0.66 * len(layers)
-    fig = Figure(figsize=(min(24, 3 + 0.45 * len(cols)), height), layout="constrained")
+    height = 3.6 + 0.66 * len(layers)
+    fig = Figure(figsize=(min(26, 3 + 0.6 * len(cols)), height), layout="constrained")
     fig.suptitle(title, fontsize=9)
     for i, (stat, label) in enumerate(TELEMETRY_PANELS):
         ax = fig.add_subplot(3, 1, i + 1)
@@ -233,8 +233,14 @@ def telemetry_heatmaps(cells: pd.DataFrame, title: str) -> Figure | None:
             v = np.where(v <= 0, lo, v)
         im = ax.imshow(v, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
         ax.set_yticks(range(len(layers)), layers, fontsize=6)
-        ax.set_xticks(range(len(cols)), [f"{a}\n{t}" for a, t in cols], fontsize=6)
-        ax.set_title(label + ", one scale for all recipes", fontsize=8)
+        ax.set_xticks(range(len(cols)), [t for _, t in cols], fontsize=6)
+        arms = list(dict.fromkeys(a for a, _ in cols))
+        for arm in arms:
+            idx = [j for j, (a, _) in enumerate(cols) if a == arm]
+            ax.axvline(idx[-1] + 0.5, color="white", lw=2)
+            ax.text(np.mean(idx), -0.7, arm.replace(" [", "\n[").replace(" (", "\n("), ha="center",
+                    va="bottom", fontsize=6)  # fmt: skip
+        ax.set_title(label + ", one scale for all recipes", fontsize=8, pad=26)
         fig.colorbar(im, ax=ax, shrink=0.9)
     return fig
 

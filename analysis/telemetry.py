@@ -77,8 +77,8 @@ def group_cells(group, numerics: pd.DataFrame) -> pd.DataFrame:
 
 
 OUTLIER_RULES = (
-    ("underflow", 0.01, "flushes {lo}-{hi} of {tensor} elements to zero in {n} of {of} layers"),
-    ("saturation", 0.001, "clips {lo}-{hi} of {tensor} elements in {n} of {of} layers"),
+    ("underflow", 0.01, "flushes {span} of {tensor} elements to zero in {n} of {of} layers"),
+    ("saturation", 0.001, "puts {span} of {tensor} elements at the largest code in {n} of {of} layers"),
 )
 """(stat, threshold, sentence): a cell at or above the threshold (1% underflow, 0.1% saturation) is an
 outlier: a fraction that large changes the arithmetic of the GEMM that consumes it."""
@@ -99,8 +99,9 @@ def outliers(cells: pd.DataFrame) -> list[str]:
                 continue
             hit = v[v >= threshold]
             if len(hit):
-                out.append(f"{arm} " + text.format(lo=_pct(hit.min()), hi=_pct(hit.max()), tensor=tensor,
-                                                   n=len(hit), of=of))  # fmt: skip
+                lo, hi = _pct(hit.min()), _pct(hit.max())
+                span = lo if lo == hi else f"{lo}-{hi}"
+                out.append(f"{arm} " + text.format(span=span, tensor=tensor, n=len(hit), of=of))
         if "sqnr_db" in df:
             q = pd.to_numeric(df["sqnr_db"], errors="coerce")
             low = q[q < SQNR_LOW_DB]
