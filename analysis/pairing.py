@@ -609,12 +609,12 @@ def _quality_columns(row: dict[str, Any], done: list[RunResult]) -> None:
     else:
         notes.append("token efficiency withheld: a seed never reaches the equal-quality loss")
     if row["speed_note"]:
-        notes.append(f"speedup at equal quality {row['speed_note']}")
+        notes.append(f"speedup {row['speed_note']}")
     elif all(x.wall_at_q and x.ref_wall_at_q for x in done):
         _set_interval(row, "speedup_equal_quality",
                       S.one_sample([x.ref_wall_at_q / x.wall_at_q for x in done]))  # fmt: skip
     else:
-        notes.append("speedup at equal quality withheld: no wall time to the equal-quality loss")
+        notes.append("speedup withheld: no wall time to the equal-quality loss")
     if len(done) < 2:
         notes.append("one seed: no intervals")
     row["equal_quality_note"] = "; ".join(notes)

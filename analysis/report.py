@@ -77,7 +77,7 @@ def display_frame(comp: pd.DataFrame) -> pd.DataFrame:
         return {
             "rank": "BF16" if base else str(int(row["rank"])),
             "recipe": arm_name(row),
-            "verdict": row.get("verdict_text") or row.get("verdict") or "—",
+            "verdict": _short_verdict(row),
             "gap [95% CI]": f"{gap} ({metric})" if gap and gap != "—" else "—",
             "would detect ≥": f"{100 * mde:.2f}%" if _num(mde) else "—",
             "throughput vs BF16": "1.00x (reference)"
@@ -92,6 +92,16 @@ def display_frame(comp: pd.DataFrame) -> pd.DataFrame:
         }
 
     return pd.DataFrame([cells(r) for _, r in comp.iterrows()])
+
+
+def _short_verdict(row: pd.Series) -> str:
+    """The verdict without the interval and MDE, which have their own columns."""
+    text = row.get("verdict_text") or row.get("verdict") or "—"
+    if row.get("verdict") == "indistinguishable":
+        return "indistinguishable from BF16 at this budget"
+    if row.get("verdict") in ("worse", "better"):
+        return text.split(" [")[0]
+    return text
 
 
 def _withheld(row: pd.Series, what: str) -> str | None:
@@ -125,15 +135,17 @@ def group_sentence(g: Group, df: pd.DataFrame) -> str:
     if len(mde):
         tail = (f" At this budget a gap of about {100 * mde.min():.2f}%-{100 * mde.max():.2f}% "
                 "would be detected (80% power, 5% level).")  # fmt: skip
-        if not resolved:
-            tail += (
-                " Nothing is resolved: to resolve a gap g, the seeds x steps must shrink the "
-                "interval below g (the interval narrows as 1/sqrt(seeds); longer runs widen the gaps)."
-            )
+    lead = ""
+    if not resolved and len(arms):
+        lead = "No recipe separates from BF16 at this budget. "
+        tail += (" To resolve a gap g the interval must shrink below g: it narrows as 1/sqrt(seeds), and "
+                 "seed noise falls as training runs longer.")  # fmt: skip
     methods = ", ".join(sorted(set(arms["interval"].dropna())))
     if methods:
         tail += f" Intervals: {methods}."
-    return f"{budget}. " + "; ".join(parts) + "." + tail if parts else f"{budget}: no low-precision run."
+    if not parts:
+        return f"{budget}: no low-precision run."
+    return f"{lead}{budget}. " + "; ".join(parts) + "." + tail
 
 
 def budget_text(g: Group) -> str:
