@@ -46,6 +46,7 @@ def log_to_wandb(runs: Runs, comparison: Comparison, out: str | Path) -> str:
 
     out = Path(out)
     mode = os.environ.get("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")  # the report prints its own one-line summary
     group, project = _group_and_project(runs)
     comp = comparison_frame(comparison)
     table_df = comp.astype(object).where(comp.notna(), None)
