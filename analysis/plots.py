@@ -1,7 +1,7 @@
 """Figures of a comparison (matplotlib, object API: no pyplot state, any backend).
 
-Each function takes a compared `Group` (or a run) and returns a `Figure`; `save` writes it as PNG and
-SVG; `group_figures` lists every figure of a group with a caption saying how it was made.
+Each function takes a compared `Group` and returns a `Figure`, or None when the group has nothing to
+draw (the report then says in one line what is absent and why: `absent_reason`). Losses are in nats.
 """
 
 from __future__ import annotations
@@ -9,237 +9,240 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 
 from analysis import keys as K
-from analysis.compare import EARLY_FRAC, PUBLIC_ANCHORS, Arm, Group, band_edges
-from analysis.run import Run
-from analysis.telemetry import load_numerics, numerics_matrix
+from analysis.pairing import EARLY_FRAC, PUBLIC_ANCHORS, Arm, Group, eval_at
 
 _COLORS = {
     "bf16": "#222222", "delayed": "#1f77b4", "tensorwise": "#2ca02c", "blockwise": "#17becf",
     "mxfp8": "#9467bd", "nvfp4": "#d62728", "int4_qat": "#ff7f0e", "custom": "#8c564b",
 }  # fmt: skip
-_EXTRA = ["#e377c2", "#7f7f7f", "#bcbd22", "#aec7e8", "#ffbb78", "#98df8a"]
+_EXTRA = ["#e377c2", "#7f7f7f", "#bcbd22", "#1f77b4", "#ff7f0e", "#2ca02c", "#8c564b"]
 
 
-def color(arm: Arm) -> str:
-    c = _COLORS.get(str(arm.recipe))
-    if c is None:
-        c = _EXTRA[hash(str(arm.recipe)) % len(_EXTRA)]
-    return c
+def arm_colors(group: Group) -> dict[int, str]:
+    """A colour per arm: the recipe's, and distinct ones for further variants of the same recipe."""
+    out, used = {}, set()
+    extra = iter(_EXTRA * 3)
+    for a in group.arms:
+        c = _COLORS.get(str(a.recipe))
+        if c is None or c in used:
+            c = next(c for c in extra if c not in used)
+        used.add(c)
+        out[id(a)] = c
+    return out
+
+
+def arm_label(arm: Arm) -> str:
+    variant = "" if arm.variant == K.DEFAULT_VARIANT else f" [{arm.variant}]"
+    return f"{arm.recipe}{variant} ({arm.backend})"
 
 
 def _style(arm: Arm) -> str:
     return "-" if arm.backend == K.NATIVE_BACKEND else "--"
 
 
-def _label(arm: Arm) -> str:
-    seeds = ",".join(str(r.seed) for r in arm.runs)
-    return f"{arm.recipe} [{arm.variant}] {arm.backend} s{seeds}"
+def _floor(group: Group) -> float | None:
+    floors = [r.loss_floor for r in group.runs if r.loss_floor is not None]
+    return float(np.mean(floors)) if floors else None
 
 
-def _note(fig: Figure, text: str) -> Figure:
-    """A figure that says why there is nothing to plot (an axes, so notebooks render it too)."""
-    ax = fig.axes[0] if fig.axes else fig.add_subplot()
-    ax.clear()
-    ax.set_axis_off()
-    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=10, transform=ax.transAxes)
-    return fig
+def _seed_stack(arm: Arm, grid: np.ndarray, which: str) -> np.ndarray | None:
+    if which == "train":
+        rows = [x.curve.at(grid) for x in arm.results if x.curve is not None]
+    else:
+        rows = [eval_at(x.run, grid) for x in arm.results]
+        rows = [r for r in rows if r is not None]
+    return np.array(rows) if rows else None
 
 
-def _arm_mean(arm: Arm, attr: str) -> np.ndarray | None:
-    """Seed mean of a per-run grid curve (`gap_curve`, or the smoothed loss when attr='loss')."""
-    curves = []
-    for res in arm.results:
-        if attr == "loss":
-            g = res.gap_vs_mean
-            curves.append(None if g is None else g)
-        else:
-            curves.append(getattr(res, attr))
-    curves = [c for c in curves if c is not None]
-    if not curves:
-        return None
-    with np.errstate(invalid="ignore"):
-        stack = np.array(curves)
-        n = np.isfinite(stack).sum(0)
-        return np.where(n > 0, np.nansum(stack, 0) / np.maximum(n, 1), np.nan)
-
-
-def loss_vs_tokens(group: Group) -> Figure:
-    """Smoothed train loss of every arm (seed mean) over the BF16 band (min/max and mean +- 2 sigma)."""
-    fig = Figure(figsize=(8, 4.8), layout="constrained")
-    ax = fig.add_subplot()
-    ax.set_title(f"Train loss (smoothed) vs tokens\n{group.key}", fontsize=9)
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("train loss (trailing mean)")
+def loss_curves(group: Group) -> Figure | None:
+    """Train (smoothed) and eval loss vs tokens: BF16 seed band and mean, every arm's seed mean, floor."""
     base = group.baseline
     if base is None:
-        ax.set_title(f"Train loss vs tokens: NO BF16 BASELINE\n{group.key}", fontsize=9)
+        return None
+    colors = arm_colors(group)
+    panels = [("train", base.grid, "train loss, trailing mean (nats)")]
+    if base.eval_grid is not None and len(base.eval_grid) > 1:
+        panels.append(("eval", base.eval_grid, "eval loss (nats)"))
+    fig = Figure(figsize=(6.5 * len(panels), 4.4), layout="constrained")
+    floor = _floor(group)
+    for i, (which, grid, ylabel) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        bstack = base.stack if which == "train" else base.eval_stack
+        with np.errstate(invalid="ignore"):
+            mean = np.nanmean(bstack, 0)
+        ax.fill_between(grid, np.nanmin(bstack, 0), np.nanmax(bstack, 0), color="0.55", alpha=0.35,
+                        label=f"BF16 seeds min-max (n={len(base.runs)})")  # fmt: skip
+        ax.plot(grid, mean, "-", color="black", lw=2.2, label="BF16 seed mean")
         for arm in group.arms:
-            for r in arm.runs:
-                loss = r.train.get(K.LOSS_TRAIN)
-                if loss is not None:
-                    ax.plot(r.train[K.TOKENS], loss, _style(arm), color=color(arm), lw=1, label=r.name)
-        if ax.lines:
-            ax.legend(fontsize=7)
-        return fig
-    band, x = base.band, base.grid
-    ax.fill_between(x, band["min"], band["max"], color="0.6", alpha=0.35, label="BF16 seeds min-max")
-    if np.isfinite(band["std"]).any():
-        for sign in (-2, 2):
-            ax.plot(x, band["mean"] + sign * band["std"], ":", color="0.3", lw=0.8)
-        ax.plot([], [], ":", color="0.3", label="BF16 mean ± 2σ")
-    for arm in group.arms:
-        g = _arm_mean(arm, "loss")
-        if g is not None:
-            ax.plot(x, band["mean"] + g, _style(arm), color=color(arm), lw=1.3, label=_label(arm))
-    late = x >= x[0] + EARLY_FRAC * (x[-1] - x[0])
-    ys = [ln.get_ydata()[late] for ln in ax.lines if len(ln.get_ydata()) == len(x)]
-    ys = np.concatenate(ys) if ys else np.array([])
-    if np.isfinite(ys).any():
-        lo, hi = np.nanmin(ys), np.nanmax(ys)
-        ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
-    ax.legend(fontsize=7)
+            if arm.role == "baseline":
+                continue
+            st = _seed_stack(arm, grid, which)
+            if st is not None:
+                with np.errstate(invalid="ignore"):
+                    m = np.nanmean(st, 0)
+                ax.plot(grid, m, _style(arm), color=colors[id(arm)], lw=1.4,
+                        label=f"{arm_label(arm)} mean of {len(st)}")  # fmt: skip
+        late = grid >= grid[0] + EARLY_FRAC * (grid[-1] - grid[0])
+        ys = np.concatenate([ln.get_ydata()[late] for ln in ax.lines] or [np.zeros(0)])
+        if floor is not None:
+            ax.axhline(
+                floor, color="#555", ls=":", lw=1.2, label=f"loss floor {floor:.3f} nats (data entropy)"
+            )
+            ys = np.append(ys, floor)
+        ys = ys[np.isfinite(ys)]
+        if len(ys):
+            lo, hi = ys.min(), ys.max()
+            pad = 0.06 * (hi - lo + 1e-9)
+            ax.set_ylim(lo - pad, hi + pad)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{which} loss vs tokens", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{group.key}", fontsize=8)
     return fig
 
 
-def loss_gap(group: Group) -> Figure:
-    """Relative train-loss gap to BF16 (paired by seed where possible) with the BF16 band and anchors."""
-    fig = Figure(figsize=(8, 4.8), layout="constrained")
-    ax = fig.add_subplot()
-    ax.set_title(f"Loss gap vs BF16 (relative, smoothed train loss)\n{group.key}", fontsize=9)
-    base = group.baseline
-    if base is None:
-        return _note(fig, f"No BF16 baseline in this group:\n{group.key}\nno gap is computed.")
-    band, x = base.band, base.grid
-    lo, hi = band_edges(band)
-    ax.fill_between(x, 100 * lo / band["mean"], 100 * hi / band["mean"], color="0.6", alpha=0.35,
-                    label="BF16 band (wider of min-max, ± 2σ)")  # fmt: skip
-    ax.axhline(0, color="0.2", lw=0.8)
-    for arm in group.arms:
-        if arm.role == "baseline":
-            continue
-        g = _arm_mean(arm, "gap_curve")
-        if g is not None:
-            ax.plot(x, 100 * g / band["mean"], _style(arm), color=color(arm), lw=1.3, label=_label(arm))
-    _anchor_lines(ax, {str(a.recipe) for a in group.arms}, horizontal=True)
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("gap to BF16 (% of BF16 loss)")
-    ax.legend(fontsize=7)
-    return fig
-
-
-def _anchor_lines(ax, recipes: set[str], horizontal: bool) -> None:
-    for recipe, (value, text) in PUBLIC_ANCHORS.items():
-        if recipe in recipes:
-            line = ax.axhline if horizontal else ax.axvline
-            line(100 * value, color=_COLORS.get(recipe, "0.4"), ls="-.", lw=0.9, label=f"public: {text}")
-
-
-def speed_memory(group: Group) -> Figure:
-    """Throughput and peak-memory ratios to native BF16 of the native arms of the group."""
-    fig = Figure(figsize=(8, 3.8), layout="constrained")
-    native = [a for a in group.arms if a.row.get("throughput_ratio") is not None]
-    emulated = sorted({str(a.recipe) for a in group.arms if a.backend != K.NATIVE_BACKEND})
-    if not native:
-        why = {a.row.get("speed_note") for a in group.arms} - {None, ""}
-        return _note(fig, f"Speed and memory: {'; '.join(sorted(why)) or 'n/a'}\n{group.key}\n"
-                     "Emulated runs never contribute speed or memory.")  # fmt: skip
-    fig.suptitle(f"Native (te) vs native BF16 on {group.key.hardware}\n{group.key}", fontsize=9)
-    labels = [f"{a.recipe}\n{a.variant}" for a in native]
-    for i, (col, title) in enumerate(
-        (("throughput_ratio", "throughput / BF16"), ("memory_ratio", "peak memory / BF16"))
-    ):
-        ax = fig.add_subplot(1, 2, i + 1)
-        vals = [a.row.get(col) or np.nan for a in native]
-        ax.bar(range(len(native)), vals, color=[color(a) for a in native])
-        ax.axhline(1.0, color="0.2", lw=0.8)
-        ax.set_xticks(range(len(native)), labels, fontsize=7)
-        ax.set_title(title, fontsize=9)
-        for j, v in enumerate(vals):
-            if np.isfinite(v):
-                ax.text(j, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=7)
-    if emulated:
-        fig.text(0.01, 0.01, "not shown (emulated, numerics only): " + ", ".join(emulated), fontsize=7)
-    return fig
-
-
-def pareto(group: Group) -> Figure:
-    """Throughput ratio against relative final loss gap for native arms; the frontier joined."""
-    fig = Figure(figsize=(6.5, 4.8), layout="constrained")
-    ax = fig.add_subplot()
-    ax.set_title(f"Speed vs loss gap (native only)\n{group.key}", fontsize=9)
-    pts = [(100 * a.row["gap_rel"], a.row["throughput_ratio"], a) for a in group.arms
-           if a.row.get("gap_rel") is not None and a.row.get("throughput_ratio") is not None]  # fmt: skip
-    if not pts:
-        return _note(fig, f"No native run with both a loss gap and a BF16-relative speed:\n{group.key}")
-    for x, y, a in pts:
-        ax.scatter([x], [y], color=color(a), s=40, zorder=3)
-        ax.annotate(
-            f"{a.recipe} [{a.variant}]", (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points"
-        )
-    front = sorted((p for p in pts if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in pts)),
-                   key=lambda p: p[0])  # fmt: skip
-    ax.plot(
-        [p[0] for p in front], [p[1] for p in front], "-", color="0.5", lw=0.8, zorder=2, label="frontier"
-    )
-    _anchor_lines(ax, {str(p[2].recipe) for p in pts}, horizontal=False)
-    ax.axvline(0, color="0.2", lw=0.8)
-    ax.axhline(1, color="0.2", lw=0.8)
-    ax.set_xlabel(f"final loss gap to BF16 (%, {pts[0][2].row['gap_metric']})")
-    ax.set_ylabel("throughput / BF16")
-    ax.legend(fontsize=7)
-    return fig
-
-
-def numerics_heatmap(run: Run) -> Figure | None:
-    """Layer x tensor mean underflow and saturation over the run's telemetry; None without telemetry."""
-    rows = load_numerics(run)
-    if not rows:
+def gap_curves(group: Group) -> Figure | None:
+    """Relative gap to BF16 along tokens, per arm, with its 95% seed interval as a band."""
+    arms = [a for a in group.arms if a.role != "baseline" and (a.train_band or a.eval_band)]
+    if group.baseline is None or not arms:
         return None
-    fig = Figure(figsize=(8, 1.5 + 0.3 * len({r["layer"] for r in rows})), layout="constrained")
-    fig.suptitle(f"{run.label}, seed {run.seed}: mean over telemetry steps\n{run.name}", fontsize=9)
-    for i, stat in enumerate(("underflow", "saturation")):
-        layers, tensors, m = numerics_matrix(rows, stat)
-        ax = fig.add_subplot(1, 2, i + 1)
-        im = ax.imshow(100 * m, aspect="auto", cmap="viridis")
-        ax.set_xticks(range(len(tensors)), tensors, fontsize=7)
-        ax.set_yticks(range(len(layers)), layers, fontsize=6)
-        ax.set_title(f"{stat} (% of elements)", fontsize=9)
-        fig.colorbar(im, ax=ax, shrink=0.8)
-        if m.size <= 120:
-            for (y, x), v in np.ndenumerate(100 * m):
-                if np.isfinite(v):
-                    ax.text(x, y, f"{v:.2g}", ha="center", va="center", fontsize=6, color="w")
+    colors = arm_colors(group)
+    panels = [w for w in ("train", "eval") if any(getattr(a, f"{w}_band") is not None for a in arms)]
+    fig = Figure(figsize=(6.5 * len(panels), 4.4), layout="constrained")
+    for i, which in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        ax.axhline(0, color="black", lw=1)
+        for arm in arms:
+            b = getattr(arm, f"{which}_band")
+            if b is None:
+                continue
+            c = colors[id(arm)]
+            ax.plot(b["tokens"], 100 * b["mean"], _style(arm), color=c, lw=1.4, label=arm_label(arm))
+            ax.fill_between(b["tokens"], 100 * b["lo"], 100 * b["hi"], color=c, alpha=0.18, lw=0)
+        for recipe, (value, text) in PUBLIC_ANCHORS.items():
+            if any(a.recipe == recipe for a in arms):
+                ax.axhline(100 * value, color=_COLORS.get(recipe, "0.4"), ls="-.", lw=0.9,
+                           label=f"public: {text}")  # fmt: skip
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("gap to BF16 (% of BF16 loss), band = 95% CI")
+        ax.set_title(f"{which} loss gap vs tokens", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{group.key}", fontsize=8)
     return fig
 
 
-def group_figures(group: Group) -> list[tuple[str, Figure, str]]:
-    """(name, figure, caption) for every figure of a group."""
-    how = f"{len(group.runs)} runs; {group.key}"
-    out = [
-        ("loss", loss_vs_tokens(group), f"Smoothed train loss (seed mean) over the BF16 seed band. {how}"),
-        ("gap", loss_gap(group), f"Relative train-loss gap to BF16, paired by seed where seeds match. {how}"),
-        (
-            "speed_memory",
-            speed_memory(group),
-            f"Native runs only, vs native BF16 on the same hardware. {how}",
-        ),
-        ("pareto", pareto(group), f"Throughput ratio vs final loss gap, native runs only. {how}"),
-    ]
-    for arm in group.arms:
-        if arm.recipe == K.BASELINE_RECIPE:
-            continue
-        for run in arm.runs:
-            fig = numerics_heatmap(run)
-            if fig is not None:
-                name = f"numerics_{arm.recipe}_{arm.variant}_{arm.backend}_s{run.seed}"
-                out.append(
-                    (name, fig, f"Underflow/saturation per layer and tensor, {run.name} (first seed).")
-                )
-                break
-    return out
+def pareto(group: Group) -> Figure | None:
+    """Native arms: throughput and memory vs BF16 against the loss gap [CI]; the Pareto front joined."""
+    rows = [(a, a.row) for a in group.arms if a.row.get("throughput_ratio") is not None
+            and (a.row.get("gap_rel") is not None or a.role == "baseline")]  # fmt: skip
+    if not [a for a, _ in rows if a.role != "baseline"]:
+        return None
+    colors = arm_colors(group)
+    fig = Figure(figsize=(12, 4.4), layout="constrained")
+    for i, (col, title, better) in enumerate(
+        (("throughput_ratio", "throughput / BF16 (higher is better)", "max"),
+         ("memory_ratio", "peak memory / BF16 (lower is better)", "min"))
+    ):  # fmt: skip
+        ax = fig.add_subplot(1, 2, i + 1)
+        pts = []
+        for a, r in rows:
+            y = r.get(col)
+            if y is None:
+                continue
+            x = 0.0 if a.role == "baseline" else 100 * r["gap_rel"]
+            pts.append((x, y, a))
+            xerr = None
+            if r.get("gap_rel_lo") is not None:
+                xerr = [[x - 100 * r["gap_rel_lo"]], [100 * r["gap_rel_hi"] - x]]
+            yerr = None
+            if col == "throughput_ratio" and r.get("throughput_ratio_lo") is not None:
+                yerr = [[y - r["throughput_ratio_lo"]], [r["throughput_ratio_hi"] - y]]
+            ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="o", color=colors[id(a)], capsize=3, zorder=3)
+            ax.annotate(arm_label(a), (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        sign = 1 if better == "max" else -1
+        front = sorted((p for p in pts if not any(q is not p and q[0] <= p[0] and sign * q[1] >= sign * p[1]
+                                                  and (q[0], q[1]) != (p[0], p[1]) for q in pts)),
+                       key=lambda p: p[0])  # fmt: skip
+        ax.plot([p[0] for p in front], [p[1] for p in front], "-", color="0.4", lw=1, label="Pareto front")
+        ax.axvline(0, color="0.2", lw=0.8)
+        ax.axhline(1, color="0.2", lw=0.8)
+        ax.set_xlabel(f"final loss gap to BF16 (%, {rows[-1][1].get('gap_metric')}), bars = 95% CI")
+        ax.set_ylabel(title)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"native (te) runs vs native BF16, {group.key}", fontsize=8)
+    return fig
+
+
+def absent_reason(group: Group, name: str) -> str:
+    """One line saying why figure `name` is absent for `group`."""
+    if group.baseline is None:
+        return "no completed BF16 run in this group, so no band and no gap"
+    if name == "pareto":
+        notes = sorted({a.row.get("speed_note") for a in group.arms if a.row.get("speed_note")})
+        return (
+            "no native (te) low-precision run with a native BF16 baseline in this group "
+            f"({'; '.join(notes) or 'no speed recorded'}); emulated speed is not the recipe's speed"
+        )
+    if name == "gap":
+        return "no low-precision run in this group"
+    if name == "telemetry":
+        return "no run of this group recorded telemetry (telemetry_interval=0, or only BF16 runs)"
+    return "nothing to draw"
+
+
+# --- telemetry --------------------------------------------------------------------------------------
+
+
+TELEMETRY_PANELS = (
+    ("underflow", "underflow (% of elements flushed to 0)"),
+    ("saturation", "saturation (% of elements at the format's largest code)"),
+    ("sqnr_db", "SQNR (dB)"),
+)
+
+
+def telemetry_heatmaps(cells: pd.DataFrame, title: str) -> Figure | None:
+    """Layer x (arm, tensor) heatmaps of mean underflow, saturation and SQNR, each stat on ONE colour
+    scale across all arms (log scale for the percentages), so a 10% flush and a 0.01% one look apart."""
+    if cells is None or not len(cells):
+        return None
+    cols = list(dict.fromkeys(zip(cells["arm"], cells["tensor"], strict=True)))
+    layers = list(dict.fromkeys(cells["layer"]))
+    height = 3.6 + 0.66 * len(layers)
+    fig = Figure(figsize=(min(26, 3 + 0.6 * len(cols)), height), layout="constrained")
+    fig.suptitle(title, fontsize=9)
+    for i, (stat, label) in enumerate(TELEMETRY_PANELS):
+        ax = fig.add_subplot(3, 1, i + 1)
+        m = cells.pivot_table(index="layer", columns=["arm", "tensor"], values=stat, aggfunc="mean")
+        m = m.reindex(index=layers, columns=pd.MultiIndex.from_tuples(cols))
+        v = m.to_numpy(dtype=float) * (100 if stat != "sqnr_db" else 1)
+        finite = v[np.isfinite(v)]
+        if stat == "sqnr_db":
+            norm = Normalize(*(np.nanmin(finite), np.nanmax(finite)) if len(finite) else (0, 1))
+            cmap = "viridis"
+        else:
+            pos = finite[finite > 0]
+            lo = max(pos.min(), 1e-4) if len(pos) else 1e-4
+            hi = max(finite.max() if len(finite) else 1.0, lo * 10)
+            norm, cmap = LogNorm(lo, hi, clip=True), "magma"
+            v = np.where(v <= 0, lo, v)
+        im = ax.imshow(v, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
+        ax.set_yticks(range(len(layers)), layers, fontsize=6)
+        ax.set_xticks(range(len(cols)), [t for _, t in cols], fontsize=6)
+        arms = list(dict.fromkeys(a for a, _ in cols))
+        for arm in arms:
+            idx = [j for j, (a, _) in enumerate(cols) if a == arm]
+            ax.axvline(idx[-1] + 0.5, color="white", lw=2)
+            ax.text(np.mean(idx), -0.7, arm.replace(" [", "\n[").replace(" (", "\n("), ha="center",
+                    va="bottom", fontsize=6)  # fmt: skip
+        ax.set_title(label + ", one scale for all recipes", fontsize=8, pad=26)
+        fig.colorbar(im, ax=ax, shrink=0.9)
+    return fig
 
 
 def save(fig: Figure, out_dir: str | Path, stem: str) -> list[Path]:
@@ -247,6 +250,24 @@ def save(fig: Figure, out_dir: str | Path, stem: str) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.svg"]
-    fig.savefig(paths[0], dpi=110)
+    fig.savefig(paths[0], dpi=100)
     fig.savefig(paths[1])
     return paths
+
+
+def group_figures(group: Group, numerics: pd.DataFrame | None = None) -> list[tuple[str, Figure | None, str]]:
+    """(name, figure or None, caption) for every figure of a group; None: see `absent_reason`."""
+    from analysis.telemetry import group_cells
+
+    how = f"{len(group.runs)} runs; {group.key}"
+    cells = group_cells(group, numerics) if numerics is not None else None
+    return [
+        ("pareto", pareto(group),
+         f"Native runs: speed and memory vs native BF16 against the final loss gap, 95% CIs. {how}"),
+        ("loss", loss_curves(group),
+         f"Loss vs tokens: BF16 seed band (grey) and seed mean (black), each recipe's seed mean. {how}"),
+        ("gap", gap_curves(group),
+         f"Gap to BF16 along tokens with the 95% seed interval (paired by seed where seeds match). {how}"),
+        ("telemetry", telemetry_heatmaps(cells, f"telemetry, mean over steps and seeds; {group.key}"),
+         f"Quantization telemetry per layer and tensor, one colour scale per statistic. {how}"),
+    ]  # fmt: skip

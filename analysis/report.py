@@ -1,52 +1,37 @@
-"""`python -m analysis.report DIR... [--out OUT]`: comparison.csv, runs.csv, report.md, report.html.
+"""`python -m analysis.report DIR... [--out OUT] [--wandb]`: comparison.csv, runs.csv, gaps.csv,
+report.md and a self-contained report.html, all built from the DataFrames of `analysis.frames`.
 
-The report is built once as a list of blocks (heading, paragraph, list, table, figure) and rendered
-twice: Markdown next to the PNG/SVG files, and one self-contained HTML file with the PNGs embedded.
+The first screen answers "which recipe?": per hardware/model group, one sentence and a table ranked by
+verdict (worse / indistinguishable / better than BF16, with the 95% interval and the minimum detectable
+gap), then the speed-vs-gap chart of native runs; curves, telemetry, method and runs follow. The same
+context renders through jinja2 twice: HTML (figures embedded as base64 PNG) and Markdown (next to them).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import csv
 import datetime as dt
-import html
 import math
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis import keys as K
-from analysis.compare import (
-    COLUMNS,
-    EARLY_FRAC,
-    GRID_POINTS,
-    PUBLIC_ANCHORS,
-    SMOOTH_FRAC,
-    Comparison,
-    compare,
-)
-from analysis.load import Run, RunWarning, load_runs
+import jinja2
+import pandas as pd
 
-# --- formatting -----------------------------------------------------------------------------------
+from analysis import keys as K
+from analysis import stats as S
+from analysis.frames import Runs, comparison_frame, gap_curves, load
+from analysis.pairing import EARLY_FRAC, GRID_POINTS, PUBLIC_ANCHORS, SMOOTH_FRAC, Comparison, Group
+from analysis.reader import RunWarning
+
+# --- cells -----------------------------------------------------------------------------------------
 
 
 def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def fmt_ratio(v: Any, note: str = "") -> str:
-    return f"{v:.2f}x" if _num(v) else (note or "—")
-
-
-def fmt_pct(v: Any) -> str:
-    return f"{100 * v:+.2f}%" if _num(v) else "—"
-
-
-def fmt_loss(v: Any) -> str:
-    return f"{v:.4f}" if _num(v) else "—"
 
 
 def fmt_tokens(v: Any) -> str:
@@ -58,386 +43,329 @@ def fmt_tokens(v: Any) -> str:
     return f"{v:.0f}"
 
 
-DISPLAY = (
-    ("recipe", "recipe"),
-    ("variant", "variant"),
-    ("backend", "backend"),
-    ("seeds", "seeds"),
-    ("status", "status"),
-    ("final loss", "final"),
-    ("gap", "gap"),
-    ("BF16 band", "band"),
-    ("public anchor", "anchor"),
-    ("tokens to BF16 loss", "to_target"),
-    ("token eff.", "token_eff"),
-    ("throughput", "throughput"),
-    ("memory", "memory"),
-    ("speedup @ equal loss", "speedup"),
+def _ci(row: pd.Series, col: str, fmt: str, scale: float = 1.0, suffix: str = "") -> str | None:
+    v = row.get(col)
+    if not _num(v):
+        return None
+    lo, hi = row.get(f"{col}_lo"), row.get(f"{col}_hi")
+    s = format(v * scale, fmt) + suffix
+    if _num(lo) and _num(hi):
+        s += f" [{format(lo * scale, fmt)}, {format(hi * scale, fmt)}]"
+    return s
+
+
+def arm_name(row: pd.Series) -> str:
+    variant = "" if row["variant"] == K.DEFAULT_VARIANT else f" [{row['variant']}]"
+    return f"{row['recipe']}{variant} ({row['backend']})"
+
+
+def display_frame(comp: pd.DataFrame) -> pd.DataFrame:
+    """The ranked table's human-readable cells, one row per arm (baseline first)."""
+
+    def cells(row: pd.Series) -> dict[str, str]:
+        base = row["role"] == "baseline"
+        metric = "eval" if row.get("gap_metric") == K.LOSS_EVAL else "train"
+        gap = "—" if base else _ci(row, "gap_rel", "+.2f", 100, "%")
+        mde = row.get("mde_rel") if not base else None
+        note = row.get("speed_note") or ""
+        eq = _ci(row, "speedup_equal_quality", ".2f", suffix="x")
+        if eq is None and not base:
+            eq = _withheld(row, "speedup") or note or "—"
+        tok = _ci(row, "token_efficiency", ".2f", suffix="x")
+        if tok is None and not base:
+            tok = _withheld(row, "token efficiency") or "—"
+        return {
+            "rank": "BF16" if base else str(int(row["rank"])),
+            "recipe": arm_name(row),
+            "verdict": _short_verdict(row),
+            "gap [95% CI]": f"{gap} ({metric})" if gap and gap != "—" else "—",
+            "would detect ≥": f"{100 * mde:.2f}%" if _num(mde) else "—",
+            "throughput vs BF16": "1.00x (reference)"
+            if base and not note
+            else _ci(row, "throughput_ratio", ".2f", suffix="x") or (note or "—"),
+            "memory vs BF16": f"{row['memory_ratio']:.2f}x"
+            if _num(row.get("memory_ratio"))
+            else (note or "—"),
+            "speedup @ equal loss": "—" if base else eq,
+            "token efficiency": "—" if base else tok,
+            "seeds × steps": f"{row['runs']} ({row['seeds']}) × {row['steps']}",
+        }
+
+    return pd.DataFrame([cells(r) for _, r in comp.iterrows()])
+
+
+def _short_verdict(row: pd.Series) -> str:
+    """The verdict without the interval and MDE, which have their own columns."""
+    text = row.get("verdict_text") or row.get("verdict") or "—"
+    if row.get("verdict") == "indistinguishable":
+        return "indistinguishable from BF16 at this budget"
+    if row.get("verdict") in ("worse", "better"):
+        return text.split(" [")[0]
+    return text
+
+
+def _withheld(row: pd.Series, what: str) -> str | None:
+    note = row.get("equal_quality_note")
+    if not isinstance(note, str) or not note:
+        return None
+    parts = [p for p in note.split("; ") if p.startswith(what) or p.startswith("one seed")]
+    return "; ".join(parts) or None
+
+
+def group_sentence(g: Group, df: pd.DataFrame) -> str:
+    """The group's answer in one paragraph: what is resolved, what is not, at which budget."""
+    arms = df[df["role"] != "baseline"]
+    base = df[df["role"] == "baseline"]
+    budget = budget_text(g)
+    if base.empty:
+        return f"{budget}: no completed BF16 run, so nothing is compared."
+    parts = []
+    for verdict, title in (("worse", "worse than BF16"), ("better", "better than BF16"),
+                           ("diverged", "diverged"), ("indistinguishable", "indistinguishable from BF16"),
+                           ("one seed", "one seed only (no interval)")):  # fmt: skip
+        sel = arms[arms["verdict"] == verdict]
+        if sel.empty:
+            continue
+        items = [f"{arm_name(r)} {_ci(r, 'gap_rel', '+.2f', 100, '%') or ''}".rstrip()
+                 for _, r in sel.iterrows()]  # fmt: skip
+        parts.append(f"{title}: " + ", ".join(items))
+    mde = arms["mde_rel"].dropna()
+    resolved = arms["verdict"].isin(["worse", "better", "diverged"]).any()
+    tail = ""
+    if len(mde):
+        tail = (f" At this budget a gap of about {100 * mde.min():.2f}%-{100 * mde.max():.2f}% "
+                "would be detected (80% power, 5% level).")  # fmt: skip
+    lead = ""
+    if not resolved and len(arms):
+        lead = "No recipe separates from BF16 at this budget. "
+        tail += (" To resolve a gap g the interval must shrink below g: it narrows as 1/sqrt(seeds), and "
+                 "seed noise falls as training runs longer.")  # fmt: skip
+    methods = ", ".join(sorted(set(arms["interval"].dropna())))
+    if methods:
+        tail += f" Intervals: {methods}."
+    if not parts:
+        return f"{budget}: no low-precision run."
+    return f"{lead}{budget}. " + "; ".join(parts) + "." + tail
+
+
+def budget_text(g: Group) -> str:
+    steps = sorted({r.steps for r in g.runs if r.steps})
+    seeds = sorted({r.seed for r in g.runs if r.seed is not None})
+    return (f"{g.key.hardware} / {g.key.model} / {g.key.data}: {len(seeds)} seeds x "
+            f"{','.join(map(str, steps))} steps, {fmt_tokens(g.key.tokens)} tokens per run")  # fmt: skip
+
+
+# --- method ------------------------------------------------------------------------------------------
+
+
+def method_items(smooth_frac: float) -> list[str]:
+    anchors = "; ".join(text for _, text in PUBLIC_ANCHORS.values())
+    return [
+        "Groups: (hardware, model, data, token budget); nothing is compared across groups. Token budget = "
+        "summary.tokens of a completed run, else steps x global_batch_size x seq_length.",
+        f"Baseline: the completed BF16 runs of the group with presets {K.DEFAULT_VARIANT} (else the most "
+        "common BF16 variant).",
+        "Gap: run minus BF16, relative to the BF16 seed mean. The headline gap is the final eval loss when "
+        "every run has one, else the final smoothed train loss; both are in comparison.csv.",
+        f"Interval: two-sided {100 * S.LEVEL:g}% Student t over seeds. Paired t on the per-seed differences "
+        "when every run of an arm has a BF16 run of the same seed (same init and data order); Welch t "
+        "(arm seeds vs BF16 seeds) otherwise. The interval column of comparison.csv names the one used.",
+        f"Minimum detectable gap ('would detect >='): (t(0.975, df) + t({S.POWER:g}, df)) x SE, the gap "
+        f"this design calls non-zero with {100 * S.POWER:g}% power at the 5% level.",
+        "Verdict: 'worse'/'better' when the interval excludes 0; 'indistinguishable at this budget' when "
+        "it holds 0 (not 'equal': smaller than the design resolves); 'diverged at step N' when a seed "
+        "diverged; 'one seed' when no interval exists. Ranked: better, indistinguishable, worse, diverged, "
+        "then by gap.",
+        f"Smoothing: train loss is a trailing mean over the last {100 * smooth_frac:g}% of the token "
+        f"budget; curves are interpolated onto a {GRID_POINTS}-point token grid spanning the BF16 runs; "
+        f"curve statistics skip the first {100 * EARLY_FRAC:g}% of tokens. The gap band is the same "
+        "interval per grid point.",
+        "Tokens to BF16 loss: first crossing of the BF16 final smoothed train loss by the run's curve. "
+        "Equal quality: both sides at the worse of the two final losses; token efficiency = BF16 tokens / "
+        "run tokens to it; speedup @ equal loss = BF16 wall time / run wall time to it (native runs only). "
+        "Each is a t interval over seeds, or withheld with the reason.",
+        "Speed and memory: summary.tokens_per_s and summary.peak_mem_gib of native (te) runs over the mean "
+        "of native BF16 runs on the same hardware; throughput's interval is over the arm's seeds. Emulated "
+        "runs contribute numerics only.",
+        "Loss floor: summary.loss_floor, the data's entropy rate (markov), drawn on the loss curves. Units "
+        f"are nats. Public reference lines (anchors.md, far larger scale): {anchors}.",
+    ]
+
+
+# --- the report ---------------------------------------------------------------------------------------
+
+
+HTML = jinja2.Template(
+    """<!doctype html><html><head><meta charset='utf-8'><title>lowp: which recipe?</title><style>
+body{font-family:system-ui,sans-serif;max-width:1400px;margin:1em auto;padding:0 1em;color:#222}
+h1{font-size:22px;margin:.2em 0}h2{font-size:17px;margin:1.2em 0 .3em}h3{font-size:14px}
+table{border-collapse:collapse;font-size:12px;margin:.4em 0}td,th{border:1px solid #ccc;padding:3px 6px;
+text-align:left;vertical-align:top}th{background:#f3f3f3}img{max-width:100%}figure{margin:1em 0}
+figcaption,.small{font-size:12px;color:#555}.answer{font-size:14px;background:#f7f7ee;padding:6px 10px;
+border-left:4px solid #b90}.worse{color:#a00;font-weight:600}.better{color:#070;font-weight:600}
+.diverged{color:#a00;font-weight:700}.warn{color:#850}li{margin:.2em 0}
+</style></head><body>
+<h1>lowp: which recipe? Low-precision recipes against BF16</h1>
+<p class=small>{{ intro }}</p>
+{% for g in groups %}
+<h2>{{ g.title }}</h2>
+<p class=answer>{{ g.sentence }}</p>
+<table><tr>{% for h in g.table.columns %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for cells, v in g.rows %}<tr>{% for c in cells %}
+<td{% if loop.index == 3 %} class="{{ v }}"{% endif %}>{{ c }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% if g.warnings %}<p class=warn>Config warnings printed during these runs:
+{% for w in g.warnings %}<br>&bull; {{ w }}{% endfor %}</p>{% endif %}
+{% for f in g.figures %}{% if f.png %}
+<figure><img alt="{{ f.caption }}" src="data:image/png;base64,{{ f.png }}">
+<figcaption>{{ f.caption }}</figcaption></figure>
+{% else %}<p class=small>{{ f.name }}: absent ({{ f.absent }}).</p>{% endif %}
+{% if f.name == 'telemetry' and g.outliers %}
+<ul>{% for o in g.outliers %}<li>{{ o }}</li>{% endfor %}</ul>{% endif %}
+{% endfor %}
+{% for n in g.notes %}<p class=small>note: {{ n }}</p>{% endfor %}
+{% endfor %}
+<h2>How every number was obtained</h2><ul>{% for m in method %}<li>{{ m }}</li>{% endfor %}</ul>
+<h2>Warnings</h2>
+{% if issues %}<ul>{% for w in issues %}<li>{{ w }}</li>{% endfor %}</ul>{% else %}<p>none</p>{% endif %}
+<h2>Runs</h2><table><tr>{% for h in runs.columns %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in runs.itertuples(index=False) %}<tr>
+{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>{% endfor %}</table>
+</body></html>
+""",
+    autoescape=True,
+)
+
+MARKDOWN = jinja2.Template(
+    """# lowp: which recipe? Low-precision recipes against BF16
+
+{{ intro }}
+{% for g in groups %}
+## {{ g.title }}
+
+**{{ g.sentence }}**
+
+{{ md_table(g.table) }}
+{% if g.warnings %}
+Config warnings printed during these runs:
+{% for w in g.warnings %}- {{ w }}
+{% endfor %}{% endif %}
+{% for f in g.figures %}{% if f.path %}
+![{{ f.caption }}]({{ f.path }})
+
+*{{ f.caption }}* ([SVG]({{ f.path[:-4] }}.svg))
+{% else %}
+{{ f.name }}: absent ({{ f.absent }}).
+{% endif %}{% if f.name == 'telemetry' and g.outliers %}
+{% for o in g.outliers %}- {{ o }}
+{% endfor %}{% endif %}{% endfor %}
+{% for n in g.notes %}- note: {{ n }}
+{% endfor %}{% endfor %}
+## How every number was obtained
+
+{% for m in method %}- {{ m }}
+{% endfor %}
+## Warnings
+
+{% for w in issues %}- {{ w }}
+{% else %}none
+{% endfor %}
+## Runs
+
+{{ md_table(runs) }}
+""",
+    autoescape=False,
 )
 
 
-def display_row(row: dict[str, Any]) -> dict[str, str]:
-    """The human-readable cells of one comparison row (see `DISPLAY`)."""
-    note = row.get("speed_note") or ""
-    metric = "eval" if row.get("gap_metric") == K.LOSS_EVAL else "train"
-    final = row.get("final_eval_loss") if metric == "eval" else row.get("final_train_loss")
-    if row.get("role") == "baseline":
-        gap = "baseline"
-    elif row.get("gap_rel") is None:
-        gap = "—" if str(row.get("baseline", "")).startswith("bf16") else "no baseline"
-    else:
-        abs_gap = row.get("eval_gap_abs") if metric == "eval" else row.get("train_gap_abs")
-        gap = f"{fmt_pct(row['gap_rel'])} ({abs_gap:+.4f}, {row.get('pairing')})"
-    band = row.get("leaves_band") or "—"
-    if row.get("curve_frac_outside_band") is not None and row.get("role") != "baseline":
-        band += f"; curve {100 * row['curve_frac_outside_band']:.0f}% outside"
-    anchor = "—"
-    if row.get("public_anchor"):
-        anchor = {True: "within", False: "exceeds", None: "—"}[row.get("within_anchor")]
-        anchor += f" ({row['public_anchor'].split(':')[0]})"
-    to_target = "—"
-    if row.get("reached_target"):
-        reached, total = row["reached_target"].split("/")
-        if reached == total:
-            to_target = f"{fmt_tokens(row.get('tokens_to_target'))} ({total}/{total} seeds)"
-        else:
-            to_target = (
-                f"not reached (0/{total} seeds)" if reached == "0" else f"reached by {reached}/{total} seeds"
-            )
-        if _num(row.get("wall_to_target_s")):
-            to_target += f", {row['wall_to_target_s']:.1f} s"
-    status = row.get("status") or ""
-    if row.get("divergence"):
-        status += f" [{row['divergence']}]"
-    return {
-        "recipe": str(row.get("recipe")),
-        "variant": str(row.get("variant")),
-        "backend": str(row.get("backend")),
-        "seeds": str(row.get("seeds")),
-        "status": status,
-        "final": f"{fmt_loss(final)} ({metric})" if _num(final) else "—",
-        "gap": gap,
-        "band": band,
-        "anchor": anchor,
-        "to_target": to_target,
-        "token_eff": fmt_ratio(row.get("token_efficiency")),
-        "throughput": fmt_ratio(row.get("throughput_ratio"), note),
-        "memory": fmt_ratio(row.get("memory_ratio"), note),
-        "speedup": fmt_ratio(row.get("speedup_equal_quality"), note),
-    }
-
-
-def terminal_row(row: dict[str, Any]) -> dict[str, str]:
-    """Shorter cells for the terminal; the report and comparison.csv have everything."""
-    d = display_row(row)
-    recipe = d["recipe"] + ("" if row.get("variant") == K.DEFAULT_VARIANT else f" [{d['variant']}]")
-    gap = d["gap"]
-    if row.get("gap_rel") is not None and row.get("role") != "baseline":
-        gap = fmt_pct(row["gap_rel"]) + (" paired" if row.get("pairing") == "paired by seed" else " vs mean")
-    band = row.get("leaves_band") or "—"
-    if row.get("curve_frac_outside_band") is not None and row.get("role") != "baseline":
-        band += f" ({100 * row['curve_frac_outside_band']:.0f}%)"
-    emulated = row.get("speed_note") == "n/a (emulated)"
-    speed = {k: ("n/a" if emulated else d[k]) for k in ("throughput", "memory", "speedup")}
-    if emulated:
-        speed["throughput"] = "n/a (emulated)"
-    return {**d, **speed, "recipe": recipe, "gap": gap, "band": band}
-
-
-TERMINAL = (
-    ("recipe", "recipe"),
-    ("backend", "backend"),
-    ("seeds", "seeds"),
-    ("status", "status"),
-    ("final loss", "final"),
-    ("gap vs BF16", "gap"),
-    ("BF16 band (curve % out)", "band"),
-    ("tokens to BF16 loss", "to_target"),
-    ("token eff.", "token_eff"),
-    ("throughput", "throughput"),
-    ("memory", "memory"),
-    ("speedup @ equal loss", "speedup"),
-)
-
-
-def text_table(rows: list[dict[str, Any]], columns: tuple = TERMINAL) -> str:
-    """A fixed-width table of the terminal cells of `rows`."""
-    cells = [[h for h, _ in columns]] + [[terminal_row(r)[k] for _, k in columns] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+def md_table(df: pd.DataFrame) -> str:
+    cell = lambda v: str("—" if v is None or (isinstance(v, float) and math.isnan(v)) else v).replace(
+        "|", "\\|").replace("\n", " ")  # fmt: skip
+    lines = ["| " + " | ".join(map(cell, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
 
 
-def print_table(comparison: Comparison, file: Any = None) -> None:
-    """Every group's table, headed by the group key and its baseline."""
-    file = file or sys.stdout
-    for g in comparison.groups:
-        base = (
-            f"BF16 [{g.baseline.variant}] seeds {','.join(map(str, g.baseline.seeds))}"
-            if g.baseline
-            else "NONE"
-        )
-        print(f"\n== {g.key}  (baseline: {base})", file=file)
-        print(text_table([a.row for a in g.arms]), file=file)
+RUN_COLUMNS = ("run", "recipe", "variant", "backend", "hardware", "seed", "status", "steps",
+               "token_budget", "final_train_loss", "final_eval_loss", "tokens_per_s", "peak_mem_gib",
+               "diverged_step")  # fmt: skip
 
 
-# --- report blocks --------------------------------------------------------------------------------
+def runs_table(runs: Runs) -> pd.DataFrame:
+    df = runs.runs.reindex(columns=list(RUN_COLUMNS)).copy()
+    for c in ("final_train_loss", "final_eval_loss"):
+        df[c] = df[c].map(lambda v: f"{v:.4f}" if _num(v) else "—")
+    for c in ("tokens_per_s", "peak_mem_gib"):
+        df[c] = df[c].map(lambda v: f"{v:.4g}" if _num(v) else "—")
+    return df.astype(object).where(df.notna(), "—")
 
 
-@dataclass
-class Block:
-    kind: str
-    """h1, h2, h3, p, ul, table or img."""
-    content: Any
-
-
-def _method_items(smooth_frac: float) -> list[str]:
-    anchors = "; ".join(text for _, text in PUBLIC_ANCHORS.values())
-    return [
-        "Groups: runs are grouped by (hardware, model, data, token budget); nothing is compared across "
-        "groups. Token budget = summary.tokens of a completed run, else steps x global_batch_size x "
-        "seq_length from its resolved config (so diverged runs stay in their group).",
-        "Baseline: the completed BF16 runs of the group with stability/optimizer presets "
-        f"{K.DEFAULT_VARIANT} (else the most common BF16 variant). A run whose seed matches a BF16 seed "
-        "is paired with it; otherwise it is compared with the mean over BF16 seeds.",
-        f"Smoothing: train loss is a trailing mean over the logged points of the last {100 * smooth_frac:g}% "
-        "of the token budget, the same window for every run of a group. 'Final train loss' is the last "
-        "smoothed value; final eval loss is summary.final_eval_loss (else the last `loss/eval` row).",
-        "Gap: run minus reference, absolute and relative to the reference. The headline gap uses eval "
-        "loss when every run involved has one, else smoothed train loss (column gap_metric).",
-        f"Curves are interpolated linearly onto a {GRID_POINTS}-point token grid spanning the BF16 runs, so "
-        "different logging cadences compare. BF16 band = the wider of seed min-max and mean ± 2σ "
-        f"(sample std); 'curve % outside' counts grid points after the first {100 * EARLY_FRAC:g}% "
-        "of tokens.",
-        "Tokens to BF16 loss: first crossing of the reference's final smoothed train loss by the run's "
-        "smoothed curve; not reached when the run ends worse. Wall time = sum of logged step times "
-        "(time/step_ms x steps since the previous row; evals and start-up excluded).",
-        "Equal quality: both sides measured at the worse of the two final losses. Token efficiency = BF16 "
-        "tokens / run tokens to that loss (any backend); speedup at equal loss = BF16 wall time / run "
-        "wall time to that loss (native only).",
-        "Speed and memory: summary.tokens_per_s (median of steady-state steps) and summary.peak_mem_gib of "
-        "native (te) runs divided by the mean of native BF16 runs on the same hardware. Emulated runs "
-        "contribute numerics only: their speed cells read 'n/a (emulated)'.",
-        f"Public reference lines (anchors.md), measured at far larger scale: {anchors}.",
-    ]
-
-
-def headline(row: dict[str, Any]) -> str:
-    """One sentence per arm: what it costs in loss and what it buys in speed and memory."""
-    who = f"{row['recipe']} [{row['variant']}] ({row['backend']}, seeds {row['seeds']})"
-    if not str(row.get("baseline", "")).startswith("bf16"):
-        return f"{who}: no BF16 baseline in its group, not compared."
-    parts = []
-    if row.get("gap_rel") is not None:
-        metric = "eval" if row.get("gap_metric") == K.LOSS_EVAL else "smoothed train"
-        lb = row.get("leaves_band")
-        band = (
-            f"{lb} the BF16 seed band" if lb in ("above", "below", "inside") else f"BF16 band {lb or 'n/a'}"
-        )
-        parts.append(f"{fmt_pct(row['gap_rel'])} final {metric} loss ({band})")
-    else:
-        parts.append("no final loss gap (no completed run)")
-    if row.get("divergence"):
-        parts.append(row["divergence"])
-    if row.get("throughput_ratio") is not None:
-        parts.append(
-            f"{fmt_ratio(row['throughput_ratio'])} throughput, {fmt_ratio(row.get('memory_ratio'))} memory"
-        )
-        parts.append(f"{fmt_ratio(row.get('speedup_equal_quality'))} at equal loss")
-    else:
-        parts.append(f"speed {row.get('speed_note') or 'n/a'}")
-    return f"{who}: " + "; ".join(parts) + "."
-
-
-def build_blocks(
-    comparison: Comparison, figures: dict[str, list[tuple[str, Path, str]]], inputs: list[str]
-) -> list[Block]:
-    runs = comparison.runs
-    n_inc = sum(r.status == K.INCOMPLETE for r in runs)
-    blocks = [
-        Block("h1", "lowp: low-precision recipes against BF16"),
-        Block(
-            "p",
-            f"{len(runs)} runs ({n_inc} incomplete) in {len(comparison.groups)} group(s), read from "
-            f"{', '.join(inputs)} on {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}.",
-        ),
-        Block("h2", "At a glance"),
-        Block(
-            "ul",
-            [
-                f"{g.key.hardware}/{g.key.model}: {headline(a.row)}"
-                for g in comparison.groups
-                for a in g.arms
-                if a.role != "baseline"
-            ]
-            or ["no low-precision runs"],
-        ),  # fmt: skip
-        Block("h2", "How every number was obtained"),
-        Block("ul", _method_items(comparison.smooth_frac)),
-        Block("h2", "Warnings"),
-        Block("ul", _warning_items(comparison) or ["none"]),
-    ]
-    for g in comparison.groups:
-        blocks.append(Block("h2", f"Group: {g.key}"))
-        if g.baseline:
-            b = g.baseline
-            desc = ", ".join(f"{r.name} (seed {r.seed}, {r.backend}, {r.steps} steps)" for r in b.runs)
-            blocks.append(Block("p", f"Baseline: BF16 [{b.variant}]: {desc}."))
-        else:
-            text = "Baseline: MISSING. No completed BF16 run in this group; its runs are listed without gaps"
-            blocks.append(Block("p", text + " and are not compared with any other group."))
-        header = [h for h, _ in DISPLAY] + ["obtained"]
-        body = [[display_row(a.row)[k] for _, k in DISPLAY] + [a.row["obtained"]] for a in g.arms]
-        blocks.append(Block("table", (header, body)))
-        for _name, path, caption in figures.get(g.key.slug, []):
-            blocks.append(Block("img", (path, caption)))
-    blocks.append(Block("h2", "Runs"))
-    blocks.append(Block("table", _runs_table(runs)))
-    return blocks
-
-
-def _warning_items(comparison: Comparison) -> list[str]:
-    items = [f"run {r.name}: {msg}" for r in comparison.runs for msg in r.issues]
-    return items + comparison.notes
-
-
-RUN_COLUMNS = (
-    "name", "recipe", "variant", "backend", "hardware", "model", "data", "seed", "status", "steps",
-    "token_budget", "final_train_loss", "final_eval_loss", "tokens_per_s", "peak_mem_gib", "wall_time_s",
-    "diverged_step", "divergence_cause", "source", "path",
-)  # fmt: skip
-
-
-def run_record(r: Run) -> dict[str, Any]:
-    """One row of runs.csv."""
-    s = r.summary or {}
-    return {
-        "name": r.name, "recipe": r.recipe, "variant": r.variant, "backend": r.backend,
-        "hardware": r.hardware, "model": r.model, "data": r.data, "seed": r.seed, "status": r.status,
-        "steps": r.steps, "token_budget": r.token_budget, "final_train_loss": s.get("final_train_loss"),
-        "final_eval_loss": r.final_eval_loss, "tokens_per_s": r.tokens_per_s, "peak_mem_gib": r.peak_mem_gib,
-        "wall_time_s": s.get("wall_time_s"), "diverged_step": s.get("diverged_step"),
-        "divergence_cause": s.get("divergence_cause"), "source": r.source, "path": str(r.path),
-    }  # fmt: skip
-
-
-def _runs_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
-    cols = ("name", "recipe", "variant", "backend", "hardware", "seed", "status", "steps", "token_budget",
-            "final_train_loss", "final_eval_loss", "tokens_per_s", "peak_mem_gib")  # fmt: skip
-    body = []
-    for r in runs:
-        rec = run_record(r)
-        body.append([fmt_loss(rec[c]) if c.startswith("final") else _cell(rec[c]) for c in cols])
-    return list(cols), body
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-# --- renderers ------------------------------------------------------------------------------------
-
-
-def _md_cell(s: str) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
-def render_markdown(blocks: list[Block], base: Path) -> str:
-    out = []
-    for b in blocks:
-        if b.kind in ("h1", "h2", "h3"):
-            out.append("#" * int(b.kind[1]) + " " + b.content)
-        elif b.kind == "p":
-            out.append(b.content)
-        elif b.kind == "ul":
-            out.append("\n".join(f"- {item}" for item in b.content))
-        elif b.kind == "table":
-            header, body = b.content
-            lines = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in body]
-            out.append("\n".join(lines))
-        elif b.kind == "img":
-            path, caption = b.content
-            rel = path.relative_to(base).as_posix()
-            out.append(f"![{caption}]({rel})\n\n*{caption}* ([SVG]({rel[:-4]}.svg))")
-    return "\n\n".join(out) + "\n"
-
-
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px;
-text-align:left;vertical-align:top}th{background:#f3f3f3}img{max-width:100%}figure{margin:1.5em 0}
-figcaption{font-size:12px;color:#555}li{margin:.3em 0}"""
-
-
-def render_html(blocks: list[Block]) -> str:
-    """One self-contained page: the PNG figures are embedded as base64 data URIs."""
-    out = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>lowp report</title>",
-        f"<style>{_CSS}</style>",
-    ]
-    out.append("</head><body>")
-    esc = html.escape
-    for b in blocks:
-        if b.kind in ("h1", "h2", "h3"):
-            out.append(f"<{b.kind}>{esc(b.content)}</{b.kind}>")
-        elif b.kind == "p":
-            out.append(f"<p>{esc(b.content)}</p>")
-        elif b.kind == "ul":
-            out.append("<ul>" + "".join(f"<li>{esc(i)}</li>" for i in b.content) + "</ul>")
-        elif b.kind == "table":
-            header, body = b.content
-            rows = "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in row) + "</tr>" for row in body)
-            out.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + f"</tr>{rows}</table>")
-        elif b.kind == "img":
-            path, caption = b.content
-            data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-            out.append(f"<figure><img alt='{esc(caption)}' src='data:image/png;base64,{data}'>"
-                       f"<figcaption>{esc(caption)}</figcaption></figure>")  # fmt: skip
-    out.append("</body></html>")
-    return "\n".join(out)
-
-
-# --- writing --------------------------------------------------------------------------------------
-
-
-def write_csv(rows: list[dict[str, Any]], path: str | Path, columns: tuple[str, ...] = COLUMNS) -> Path:
-    path = Path(path)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: "" if row.get(k) is None else row.get(k) for k in columns})
-    return path
-
-
-def write_figures(comparison: Comparison, out: Path) -> dict[str, list[tuple[str, Path, str]]]:
+def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: list[str], *,
+                 figures: bool = True) -> Path:  # fmt: skip
+    """Write comparison.csv, gaps.csv, runs.csv, report.md, plots/ and report.html; returns the html."""
     from analysis import plots
+    from analysis.telemetry import group_cells, outliers
 
-    figures: dict[str, list[tuple[str, Path, str]]] = {}
-    for g in comparison.groups:
-        for name, fig, caption in plots.group_figures(g):
-            png, _svg = plots.save(fig, out / "plots", f"{g.key.slug}_{name}")
-            figures.setdefault(g.key.slug, []).append((name, png, caption))
-    return figures
-
-
-def write_report(comparison: Comparison, out: str | Path, inputs: list[str], *, figures: bool = True) -> Path:
-    """Write comparison.csv, runs.csv, report.md, plots/ and report.html under `out`; returns the html."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(comparison.rows, out / "comparison.csv")
-    write_csv([run_record(r) for r in comparison.runs], out / "runs.csv", RUN_COLUMNS)
-    figs = write_figures(comparison, out) if figures else {}
-    blocks = build_blocks(comparison, figs, inputs)
-    (out / "report.md").write_text(render_markdown(blocks, out), encoding="utf-8")
+    comp = comparison_frame(comparison)
+    comp.to_csv(out / "comparison.csv", index=False)
+    gap_curves(comparison).to_csv(out / "gaps.csv", index=False)
+    runs.runs.to_csv(out / "runs.csv", index=False)
+    numerics = runs.numerics
+    groups = []
+    for g in comparison.groups:
+        df = group_rows(comp, g)
+        cells = group_cells(g, numerics)
+        figs = []
+        for name, fig, caption in plots.group_figures(g, numerics) if figures else []:
+            entry = {"name": name, "caption": caption, "png": None, "path": None, "absent": None}
+            if fig is None:
+                entry["absent"] = plots.absent_reason(g, name)
+            else:
+                png, _svg = plots.save(fig, out / "plots", f"{g.key.slug}_{name}")
+                entry["png"] = base64.b64encode(png.read_bytes()).decode("ascii")
+                entry["path"] = png.relative_to(out).as_posix()
+            figs.append(entry)
+        groups.append({
+            "title": f"{g.key.hardware} / {g.key.model} / {g.key.data} / {fmt_tokens(g.key.tokens)} tokens",
+            "sentence": group_sentence(g, df), "table": display_frame(df),
+            "rows": list(zip(display_frame(df).itertuples(index=False), df["verdict"].fillna(""),
+                             strict=True)),
+            "warnings": list(dict.fromkeys(w for r in g.runs for w in r.config_warnings)),
+            "figures": figs, "outliers": outliers(cells), "notes": g.notes,
+        })  # fmt: skip
+    intro = (f"{len(runs)} runs ({sum(r.status == K.INCOMPLETE for r in runs.objects)} incomplete) in "
+             f"{len(comparison.groups)} group(s), read from {', '.join(inputs)} on "
+             f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}. Gaps are % of the BF16 loss (nats); "
+             f"[..] is the {100 * S.LEVEL:g}% interval over seeds; positive = worse than BF16.")  # fmt: skip
+    ctx = dict(intro=intro, groups=groups, method=method_items(comparison.smooth_frac),
+               issues=runs.issues + comparison.notes, runs=runs_table(runs), md_table=md_table)  # fmt: skip
+    (out / "report.md").write_text(MARKDOWN.render(**ctx), encoding="utf-8")
     html_path = out / "report.html"
-    html_path.write_text(render_html(blocks), encoding="utf-8")
+    html_path.write_text(HTML.render(**ctx), encoding="utf-8")
     return html_path
+
+
+def group_rows(comp: pd.DataFrame, g: Group) -> pd.DataFrame:
+    """The comparison rows of group `g` (None-safe: keys are compared as strings)."""
+    key = [str(k) for k in (g.key.hardware, g.key.model, g.key.data, g.key.tokens)]
+    cols = ["hardware", "model", "data", "tokens"]
+    text = lambda v: "None" if v is None or v != v else str(int(v) if isinstance(v, float) else v)
+    as_str = comp[cols].astype(object).map(text)
+    return comp[(as_str == key).all(axis=1)]
+
+
+def terminal_table(comparison: Comparison) -> str:
+    comp = comparison_frame(comparison)
+    parts = []
+    for g in comparison.groups:
+        df = group_rows(comp, g)
+        disp = display_frame(df)[["rank", "recipe", "verdict", "gap [95% CI]", "would detect ≥",
+                                  "throughput vs BF16", "seeds × steps"]]  # fmt: skip
+        base = f"BF16 seeds {','.join(map(str, g.baseline.seeds))}" if g.baseline else "NONE"
+        parts.append(f"\n== {g.key}  (baseline: {base})\n" + disp.to_string(index=False))
+    return "\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -445,9 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m analysis.report",
         description="Compare the low-precision runs under DIR... with their BF16 baselines and write "
-        "comparison.csv, runs.csv, report.md and a self-contained report.html. Reads run directories "
-        "(run.json) and W&B offline runs (wandb/offline-run-*/run-*.wandb) from disk only; it does not "
-        "read from a W&B server.",
+        "comparison.csv, gaps.csv, runs.csv, report.md and a self-contained report.html. Reads run "
+        "directories (run.json) and W&B offline runs (wandb/offline-run-*/run-*.wandb) from disk only.",
     )
     p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep or run directories, searched recursively")
     p.add_argument("--out", help="output directory (default: DIR/report for the first DIR)")
@@ -458,28 +385,38 @@ def main(argv: list[str] | None = None) -> int:
         help="trailing smoothing window as a fraction of the token budget (default %(default)s)",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the figures (tables only)")
+    p.add_argument("--wandb", action="store_true",
+                   help="also log the comparison (wandb.Table), the report (artifact) and each run's verdict "
+                        "to W&B, in the sweep's group (WANDB_MODE decides offline/online)")  # fmt: skip
     args = p.parse_args(argv)
+    if not 0 < args.smooth_frac < 1:
+        print(f"error: --smooth-frac={args.smooth_frac}: must be in (0, 1), e.g. 0.05", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RunWarning)
         try:
-            runs = load_runs(args.dirs)
+            runs = load(args.dirs)
         except FileNotFoundError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
-    if not runs:
-        print(
-            f"error: no run directories (run.json) or W&B offline runs under {' '.join(args.dirs)}",
-            file=sys.stderr,
-        )
+    if not len(runs):
+        print(f"error: no run directories (run.json) or W&B offline runs under {' '.join(args.dirs)}",
+              file=sys.stderr)  # fmt: skip
         return 1
-    comparison = compare(runs, smooth_frac=args.smooth_frac)
-    html_path = write_report(comparison, out, [str(d) for d in args.dirs], figures=not args.no_plots)
-    print_table(comparison)
+    from analysis.frames import comparison_of
+
+    comparison = comparison_of(runs, args.smooth_frac)
+    html_path = write_report(runs, comparison, out, [str(d) for d in args.dirs], figures=not args.no_plots)
+    print(terminal_table(comparison))
     for note in comparison.notes:
         print(f"note: {note}")
+    if args.wandb:
+        from analysis.wandb_report import log_to_wandb
+
+        print(log_to_wandb(runs, comparison, out))
     print(f"\nreport: {html_path.resolve()}")
     return 0
 

@@ -37,6 +37,8 @@ class Run:
     issues: list[str] = field(default_factory=list)
     source: str = "run_dir"
     """`run_dir` or `wandb_offline`."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Other top-level fields of run.json (e.g. `config_warnings`)."""
 
     def get(self, name: str) -> Any:
         """A summary field, falling back to provenance and then the resolved config."""
@@ -158,6 +160,17 @@ class Run:
         if ev is not None and len(ev) and np.isfinite(ev[-1]):
             return float(ev[-1])
         return None
+
+    @property
+    def loss_floor(self) -> float | None:
+        """summary.loss_floor: the data's entropy rate in nats where it has one (markov)."""
+        return self.summary_number("loss_floor")
+
+    @property
+    def config_warnings(self) -> list[str]:
+        """Warnings the harness printed about this run's config (run.json `config_warnings`)."""
+        w = self.provenance.get("config_warnings") or self.extra.get("config_warnings") or []
+        return [str(x) for x in w] if isinstance(w, list) else [str(w)]
 
     @property
     def label(self) -> str:

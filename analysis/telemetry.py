@@ -1,4 +1,4 @@
-"""Numerics telemetry (numerics.jsonl), read only for the layer x tensor heatmaps."""
+"""Numerics telemetry (numerics.jsonl): rows per run, per-arm cells for the heatmaps, outliers in words."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from analysis import keys as K
-from analysis.load import parse_jsonl
+from analysis.reader import parse_jsonl
 from analysis.run import Run, RunWarning
 
 
@@ -56,3 +57,59 @@ def numerics_matrix(rows: list[dict[str, Any]], stat: str) -> tuple[list[str], l
             count[li[r["layer"]], ti[r["tensor"]]] += 1
     with np.errstate(invalid="ignore"):
         return layers, tensors, np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def group_cells(group, numerics: pd.DataFrame) -> pd.DataFrame:
+    """Mean of every telemetry statistic per (arm, layer, tensor) over telemetry steps and seeds, for
+    the low-precision arms of a compared group; `arm` is the arm's label."""
+    from analysis.plots import arm_label
+
+    labels = {r.name: arm_label(a) for a in group.arms if a.recipe != K.BASELINE_RECIPE for r in a.runs}
+    df = numerics[numerics["run"].isin(labels)] if len(numerics) else numerics
+    if not len(df):
+        return pd.DataFrame(columns=["arm", K.TELEMETRY_LAYER, K.TELEMETRY_TENSOR, *K.TELEMETRY_STATS])
+    df = df.assign(arm=df["run"].map(labels))
+    stats = [s for s in K.TELEMETRY_STATS if s in df]
+    df[stats] = df[stats].apply(pd.to_numeric, errors="coerce")
+    return df.groupby(["arm", K.TELEMETRY_LAYER, K.TELEMETRY_TENSOR], sort=False, as_index=False)[
+        stats
+    ].mean()
+
+
+OUTLIER_RULES = (
+    ("underflow", 0.01, "flushes {span} of {tensor} elements to zero in {n} of {of} layers"),
+    ("saturation", 0.001, "puts {span} of {tensor} elements at the largest code in {n} of {of} layers"),
+)
+"""(stat, threshold, sentence): a cell at or above the threshold (1% underflow, 0.1% saturation) is an
+outlier: a fraction that large changes the arithmetic of the GEMM that consumes it."""
+SQNR_LOW_DB = 15.0
+"""Below ~15 dB the quantization noise is > 3% of the signal's RMS."""
+
+
+def outliers(cells: pd.DataFrame) -> list[str]:
+    """Sentences such as 'nvfp4 (emulated) flushes 6.1%-22% of grad elements to zero in 12 of 12 layers'."""
+    out = []
+    if not len(cells):
+        return out
+    for (arm, tensor), df in cells.groupby(["arm", K.TELEMETRY_TENSOR], sort=False):
+        of = df[K.TELEMETRY_LAYER].nunique()
+        for stat, threshold, text in OUTLIER_RULES:
+            v = pd.to_numeric(df.get(stat), errors="coerce") if stat in df else None
+            if v is None:
+                continue
+            hit = v[v >= threshold]
+            if len(hit):
+                lo, hi = _pct(hit.min()), _pct(hit.max())
+                span = lo if lo == hi else f"{lo}-{hi}"
+                out.append(f"{arm} " + text.format(span=span, tensor=tensor, n=len(hit), of=of))
+        if "sqnr_db" in df:
+            q = pd.to_numeric(df["sqnr_db"], errors="coerce")
+            low = q[q < SQNR_LOW_DB]
+            if len(low):
+                out.append(f"{arm} {tensor}: SQNR {low.min():.1f}-{low.max():.1f} dB (< {SQNR_LOW_DB:g} dB) "
+                           f"in {len(low)} of {of} layers")  # fmt: skip
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2g}%"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import keys as K
-from analysis.load import Run, rows_to_columns
+from analysis.reader import Run, rows_to_columns
 
 _IDENT, _MAGIC, _VERSION = b":W&B", 0xBEE1, 0
 _BLOCK = 32768

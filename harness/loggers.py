@@ -30,6 +30,9 @@ class NullLogger:
     def mark_preempting(self) -> None:
         pass
 
+    def update_config(self, config: dict) -> None:
+        pass
+
 
 class WandbLogger:
     def __init__(self, run):
@@ -62,6 +65,10 @@ class WandbLogger:
 
         self._call("summary", write)
 
+    def update_config(self, config: dict) -> None:
+        """Known once the backend is built (the backend that ran, TE's version): W&B config keys."""
+        self._call("config", lambda: self.run.config.update(config, allow_val_change=True))
+
     def mark_preempting(self) -> None:
         """W&B shows the run as preempted (not crashed); the resumed attempt continues it."""
         self._call("mark_preempting", self.run.mark_preempting)
@@ -75,6 +82,22 @@ class WandbLogger:
             "dir": str(self.run.dir),
             "name": self.run.name,
         }
+
+
+def wandb_config(run_json: dict) -> dict:
+    """The resolved config plus a `resolved` section of flat keys to filter and group runs by in W&B
+    (`resolved.backend` is the backend that ran, not `auto`; recipe fields are `recipe.*` already)."""
+    cfg, prov = run_json.get("config") or {}, run_json.get("provenance") or {}
+    name = lambda v: v.get("name") if isinstance(v, dict) else v
+    variant = f"{name(cfg.get('stability'))}+{name(cfg.get('optimizer'))}"
+    resolved = {
+        "backend": prov.get("backend"), "hardware": prov.get("hardware"), "te_version": prov.get("te"),
+        "torch_version": prov.get("torch"), "cuda": prov.get("cuda"), "gpu_name": prov.get("gpu_name"),
+        "recipe": name(cfg.get("recipe")), "variant": variant,
+        "model": name(cfg.get("model")), "data": name(cfg.get("data")), "seed": cfg.get("seed"),
+        "config_warnings": len(run_json.get("config_warnings") or []),
+    }  # fmt: skip
+    return {**cfg, "resolved": resolved}
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ from harness.config.validate import ConfigError, ConfigWarning, check_known_keys
 from harness.data import build_data
 from harness.divergence import DivergenceMonitor
 from harness.hardware import device_for
-from harness.loggers import NullLogger, open_logger
+from harness.loggers import NullLogger, open_logger, wandb_config
 from harness.memory import breakdown
 from harness.model import count_params, flops_per_token
 from harness.numerics import telemetry as T
@@ -361,7 +361,8 @@ def run(
     hardware resolved, stability overrides resolved, validated) before anything is written. One
     process at a time writes a run dir (RunLock); with a checkpoint there and resume=auto|must the run
     continues from it; a failure is recorded in summary.json and error.txt, then re-raised."""
-    cfg = prepare(cfg)
+    config_warnings: list[str] = []
+    cfg = prepare(cfg, warnings_out=config_warnings)
     run_dir = Path(run_dir)
     with RunLock(run_dir):
         found = _resume_point(cfg, run_dir)
@@ -390,7 +391,7 @@ def run(
             run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
         ) as logger:
             job = _Job(cfg, run_dir, summary, config, logger, stop or StopRequest(), found, previous)
-            return job.train(resume_command)
+            return job.train(resume_command, config_warnings)
 
 
 def _resume_point(cfg: Config, run_dir: Path) -> tuple[Path, int, dict] | None:
@@ -429,7 +430,7 @@ class _Job:
         self.cfg, self.run_dir, self.summary, self.config, self.logger = cfg, run_dir, summary, config, logger
         self.stop, self.found, self.previous = stop, found, previous
 
-    def train(self, resume_command: str | None) -> Summary:
+    def train(self, resume_command: str | None, config_warnings: list[str]) -> Summary:
         """Build the trainer, fit, and write the summary on every way out (atomic, also on failure)."""
         cfg, run_dir, summary, logger, found = self.cfg, self.run_dir, self.summary, self.logger, self.found
         writer = RunWriter(run_dir, append=found is not None)
@@ -445,6 +446,8 @@ class _Job:
                 trainer.load_state_dict(found[2], summary)
             summary.backend = trainer.backend.name
             run_json = _run_json(self.config, cfg, trainer, self.previous, found[1] if found else None)
+            run_json["config_warnings"] = config_warnings  # printed once at validation; kept for the report
+            logger.update_config(wandb_config(run_json))  # filterable resolved.* keys (backend that ran, TE)
             writer.write_run({**run_json, "wandb": logger.describe()})
             log.info(
                 "run dir %s  (backend=%s, recipe=%s, hardware=%s)",

@@ -47,14 +47,17 @@ def resolve_overrides(cfg: Config) -> None:
         ov.resolved = dataclasses.replace(cfg.recipe) if own else recipes.default_fields(ov.recipe)
 
 
-def prepare(cfg: Config, *, for_export: bool = False) -> Config:
-    """Resolve hardware and overrides, then validate (raises ConfigError); returns `cfg`."""
+def prepare(cfg: Config, *, for_export: bool = False, warnings_out: list[str] | None = None) -> Config:
+    """Resolve hardware and overrides, then validate (raises ConfigError); returns `cfg`. The config
+    warnings (also emitted) are appended to `warnings_out` where given: run.json keeps them."""
     from harness.config.validate import validate
     from harness.hardware import resolve_hardware
 
     cfg.hardware = resolve_hardware(cfg.hardware)
     resolve_overrides(cfg)
-    validate(cfg, for_export=for_export)
+    found = validate(cfg, for_export=for_export)
+    if warnings_out is not None:
+        warnings_out.extend(found)
     return cfg
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from analysis import keys as K
-from analysis.compare import COLUMNS, compare
 from analysis.curves import first_crossing, smooth
-from analysis.load import load_runs
+from analysis.pairing import COLUMNS, compare
+from analysis.reader import load_runs
 
 TOKENS_PER_STEP = 8 * 64
 NO_SMOOTHING = 1e-9  # a window shorter than one logging interval: the curve itself
@@ -69,7 +69,7 @@ def test_band_min_max_and_two_sigma(tmp_path: Path, run_writer) -> None:
     c = compare(load_runs(tmp_path), smooth_frac=NO_SMOOTHING)
     (tw,) = rows_by(c, recipe="tensorwise")
     bf16_final_eval = 5.0 - 1e-5 * 200 * TOKENS_PER_STEP + 0.05
-    assert tw["pairing"] == "vs BF16 mean"
+    assert tw["pairing"] == "unpaired (one seed)"
     assert tw["bf16_band_min"] == pytest.approx(bf16_final_eval)
     assert tw["bf16_band_max"] == pytest.approx(bf16_final_eval + 0.04)
     assert tw["bf16_band_2sigma"] == pytest.approx(2 * 0.02)  # sample std of (0, .02, .04)
@@ -133,7 +133,7 @@ def test_emulated_runs_never_contribute_speed(sweep_dir: Path) -> None:
             assert r[col] is None, (r["recipe"], col)
     for r in c.rows:
         assert list(r) == list(COLUMNS)
-        assert "backend=" in r["obtained"] and "seeds=" in r["obtained"] and "steps=" in r["obtained"]
+        assert r["seeds"] and r["steps"] and r["verdict"] and r["verdict_text"]
         if r["role"] == "arm" and r["baseline"].startswith("bf16"):
             assert r["gap_rel"] is not None
 
@@ -178,8 +178,9 @@ def test_diverged_run_stays_in_its_group(tmp_path: Path, run_writer) -> None:
     assert len(c.groups) == 1
     (row,) = rows_by(c, recipe="nvfp4")
     assert row["status"] == "1 completed, 1 diverged"
-    assert row["divergence"] == "seed 1 @ step 120: loss is nan"
+    assert row["divergence"] == "seed 1 at step 120: loss is nan"
     assert row["runs"] == 2 and row["pairing"] == "paired by seed"  # gaps from the completed seed only
+    assert row["verdict"] == "diverged" and row["verdict_text"].startswith("diverged at step 120 (seed 1;")
     nv = next(a for a in c.groups[0].arms if a.recipe == "nvfp4")
     diverged = next(x for x in nv.results if x.run.seed == 1)
     assert diverged.final_train is None and diverged.tokens_to_target is None
@@ -194,7 +195,8 @@ def test_unequal_seeds_pair_where_they_match(tmp_path: Path, run_writer) -> None
         run_writer(tmp_path, f"tw_s{seed}", recipe="tensorwise", seed=seed, offset=0.01)
     c = compare(load_runs(tmp_path))
     (row,) = rows_by(c, recipe="tensorwise")
-    assert row["pairing"] == "paired 1/2, rest vs BF16 mean"
+    assert row["pairing"] == "unpaired (1/2 seeds match a BF16 seed)"
+    assert row["interval"].startswith("Welch t")
     tw = next(a for a in c.groups[0].arms if a.recipe == "tensorwise")
     refs = {x.run.seed: x.reference for x in tw.results}
     assert refs == {1: "BF16 seed 1 (paired)", 2: "BF16 mean of seeds 0, 1"}
@@ -210,7 +212,7 @@ def test_incomplete_bf16_is_not_a_baseline(tmp_path: Path, run_writer) -> None:
     assert [r.name for r in g.baseline.runs] == ["bf16_s0"]
     assert any("bf16_s1 is incomplete" in n for n in c.notes)
     (row,) = rows_by(c, recipe="tensorwise")
-    assert row["pairing"] == "vs BF16 mean"
+    assert row["pairing"] == "unpaired (one seed)"
 
 
 def test_baseline_is_the_plain_bf16_variant(tmp_path: Path, run_writer) -> None:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from analysis import keys as K
-from analysis import load, telemetry
-from analysis.load import RunWarning, load_runs
+from analysis import reader as load
+from analysis import telemetry
+from analysis.reader import RunWarning, load_runs
 from analysis.telemetry import load_numerics, numerics_matrix
 
 ANALYSIS_DIR = Path(load.__file__).parent

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from analysis import report
-from analysis.compare import COLUMNS
+from analysis.pairing import COLUMNS
 
 REPO = Path(report.__file__).parents[1]
 
@@ -33,7 +33,9 @@ def test_report_writes_every_file_and_ends_with_its_path(report_run) -> None:
     for name in ("comparison.csv", "runs.csv", "report.md", "report.html"):
         assert (out / name).stat().st_size > 0, name
     assert stdout.rstrip().splitlines()[-1] == f"report: {(out / 'report.html').resolve()}"
-    assert "gap vs BF16" in stdout and "n/a (emulated)" in stdout
+    assert "gap [95% CI]" in stdout and "n/a (emulated)" in stdout and "verdict" in stdout
+    for name in ("gaps.csv",):
+        assert (out / name).stat().st_size > 0, name
 
 
 def test_comparison_csv_has_every_column_and_every_arm(report_run, sweep_dir: Path) -> None:
@@ -42,7 +44,8 @@ def test_comparison_csv_has_every_column_and_every_arm(report_run, sweep_dir: Pa
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == list(COLUMNS)
     assert {r["recipe"] for r in rows} >= {"bf16"} and len({r["recipe"] for r in rows}) >= 3
-    assert all(r["obtained"].startswith("backend=") for r in rows)
+    arms = [r for r in rows if r["role"] == "arm"]
+    assert arms and all(r["verdict"] and r["interval"] and r["gap_rel_lo"] for r in arms)
     with open(out / "runs.csv") as f:
         assert len(list(csv.DictReader(f))) == len(list(sweep_dir.rglob("run.json")))
 
@@ -51,9 +54,14 @@ def test_figures_are_png_and_svg(report_run, sweep_dir: Path) -> None:
     _, _, out = report_run
     pngs = sorted((out / "plots").glob("*.png"))
     kinds = {p.stem.rsplit("_", 1)[-1] for p in pngs}
-    assert {"loss", "gap", "memory", "pareto"} <= kinds
+    assert {"loss", "gap"} <= kinds
     has_telemetry = any(f.stat().st_size for f in sweep_dir.rglob("numerics.jsonl"))
-    assert any("_numerics_" in p.name for p in pngs) == has_telemetry
+    assert ("telemetry" in kinds) == has_telemetry
+    has_native = any('"backend": "te"' in f.read_text() for f in sweep_dir.rglob("summary.json"))
+    assert ("pareto" in kinds) == has_native
+    md = (out / "report.md").read_text()
+    if not has_native:  # no empty panel: one line says what is absent and why
+        assert "pareto: absent (no native (te) low-precision run" in md
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert p.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
@@ -63,7 +71,7 @@ def test_html_is_self_contained(report_run) -> None:
     _, _, out = report_run
     html = (out / "report.html").read_text()
     n_png = len(list((out / "plots").glob("*.png")))
-    assert html.count("src='data:image/png;base64,") == n_png
+    assert html.count('src="data:image/png;base64,') == n_png
     assert "http://" not in html and "https://" not in html and "<script" not in html
     assert "How every number was obtained" in html
 
@@ -72,7 +80,9 @@ def test_markdown_states_how_numbers_were_obtained(report_run) -> None:
     _, _, out = report_run
     md = (out / "report.md").read_text()
     assert "## How every number was obtained" in md and "trailing mean" in md
-    assert "| recipe |" in md and "backend=" in md and "seeds=" in md and "steps=" in md
+    assert "| rank | recipe | verdict | gap [95% CI] |" in md and "seeds × steps" in md
+    assert "Welch t" in md and "Paired t" in md and "would detect" in md
+    assert "Intervals: paired t, 95%, n=2" in md
     assert "](plots/" in md
 
 
@@ -83,9 +93,9 @@ def test_missing_baseline_and_warnings_reach_the_report(tmp_path: Path, run_writ
     assert rc == 0
     captured = capsys.readouterr()
     assert "warning: run 0_tensorwise_s0: metrics.jsonl: skipped 2 unparseable line(s)" in captured.err
-    assert "(baseline: NONE)" in captured.out and "no baseline" in captured.out
+    assert "(baseline: NONE)" in captured.out and "no BF16 baseline" in captured.out
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "Baseline: MISSING" in md and "1_nvfp4_s0: no summary.json" in md
+    assert "no completed BF16 run, so nothing is compared" in md and "1_nvfp4_s0: no summary.json" in md
 
 
 def test_cli_errors(tmp_path: Path, capsys) -> None:

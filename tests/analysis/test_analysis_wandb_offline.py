@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from analysis import keys as K
-from analysis.compare import compare
-from analysis.load import RunWarning, load_runs
+from analysis import report
+from analysis.pairing import compare
+from analysis.reader import RunWarning, load_runs
 from analysis.wandb_offline import find_offline_runs, iter_records, read_offline_run
 
 TOKENS_PER_STEP = 512
@@ -122,3 +124,47 @@ def test_not_a_wandb_file(tmp_path: Path) -> None:
     f.write_bytes(json.dumps({"x": 1}).encode())
     run = read_offline_run(f)
     assert "not a W&B transaction log" in run.issues[0]
+
+
+def test_report_goes_to_wandb_as_table_artifact_and_run_verdicts(wandb_root, tmp_path: Path) -> None:
+    """Real wandb client, offline: the analysis run holds the comparison table and the report artifact,
+    and each training run gets its arm's verdict in its summary (a resumed offline run of the same id)."""
+    root, ids = wandb_root
+    shutil.copytree(root / "wandb", tmp_path / "sweep" / "wandb")
+    out = tmp_path / "report"
+    assert report.main([str(tmp_path / "sweep"), "--out", str(out), "--no-plots", "--wandb"]) == 0
+    (analysis_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    recs = list(iter_records(analysis_file))
+    arts = [r.artifact for r in recs if r.WhichOneof("record_type") == "artifact"]
+    assert Counter(a.type for a in arts)["report"] == 1  # (the table is logged as its own run_table)
+    (art,) = [a for a in arts if a.type == "report"]
+    assert art.type == "report" and {"report.html", "comparison.csv"} <= {
+        e.path for e in art.manifest.contents
+    }
+    history = [it for r in recs if r.WhichOneof("record_type") == "history" for it in r.history.item]
+    table = {
+        it.nested_key[1]: json.loads(it.value_json) for it in history if it.nested_key[:1] == ["comparison"]
+    }
+    assert table["_type"] == "table-file" and table["nrows"] == 2  # one row per arm
+    rows = json.loads((analysis_file.parent / "files" / table["path"]).read_text())
+    assert "verdict_text" in rows["columns"] and len(rows["data"]) == 2
+    run_info = next(r.run for r in recs if r.WhichOneof("record_type") == "run")
+    assert run_info.run_group == "sweep-1" and run_info.job_type == "analysis"
+    summary = {}
+    for r in recs:
+        if r.WhichOneof("record_type") == "summary":
+            summary.update(
+                {it.key or "/".join(it.nested_key): json.loads(it.value_json) for it in r.summary.update}
+            )
+    assert any(k.startswith("verdict/tensorwise") for k in summary)
+    resumed = [f for f in find_offline_runs(tmp_path / "sweep")
+               if ids["tensorwise"] in f.name and "latest-run" not in f.parts]  # fmt: skip
+    assert len(resumed) == 2  # the original and the resumed offline run of the same id
+    verdicts = {}
+    for f in resumed:
+        for r in iter_records(f):
+            if r.WhichOneof("record_type") == "summary":
+                verdicts.update({it.key: json.loads(it.value_json) for it in r.summary.update})
+    assert verdicts["verdict"] == "one seed" and "gap" in verdicts["verdict_text"]
+    # reading the sweep again still gives one run per id (the resumed file adds no second run)
+    assert sorted(r.recipe for r in load_runs(tmp_path / "sweep")) == ["bf16", "tensorwise"]

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from analysis import keys as K
+from analysis import stats as S
 from analysis.curves import Curve, first_crossing, run_curve
 from analysis.run import Run
 
@@ -51,17 +52,21 @@ PUBLIC_ANCHORS: dict[str, tuple[float, str]] = {
 """Relative loss gaps published for a recipe (anchors.md "Public anchors"), at far larger scale."""
 
 COLUMNS = (
-    "hardware", "model", "data", "tokens", "recipe", "variant", "backend", "role", "runs", "seeds",
-    "status", "divergence", "baseline", "pairing", "gap_metric",
-    "final_train_loss", "bf16_final_train_loss", "train_gap_abs", "train_gap_rel",
-    "final_eval_loss", "bf16_final_eval_loss", "eval_gap_abs", "eval_gap_rel",
-    "gap_rel", "bf16_band_min", "bf16_band_max", "bf16_band_2sigma", "leaves_band",
-    "curve_gap_rel_mean", "curve_gap_rel_max", "curve_frac_outside_band",
+    "hardware", "model", "data", "tokens", "recipe", "variant", "backend", "role", "rank", "runs", "seeds",
+    "steps", "status", "divergence", "verdict", "verdict_text", "baseline", "pairing", "interval",
+    "gap_metric", "gap_rel", "gap_rel_lo", "gap_rel_hi", "mde_rel",
+    "final_train_loss", "bf16_final_train_loss", "train_gap_abs", "train_gap_rel", "train_gap_rel_lo",
+    "train_gap_rel_hi", "train_mde_rel",
+    "final_eval_loss", "bf16_final_eval_loss", "eval_gap_abs", "eval_gap_rel", "eval_gap_rel_lo",
+    "eval_gap_rel_hi", "eval_mde_rel",
+    "bf16_seed_sd_rel", "loss_floor", "bf16_band_min", "bf16_band_max", "bf16_band_2sigma", "leaves_band",
+    "curve_gap_rel_mean", "curve_gap_rel_max", "curve_frac_outside_band", "curve_frac_resolved",
     "public_anchor", "within_anchor",
-    "target_loss", "reached_target", "tokens_to_target", "wall_to_target_s",
-    "equal_quality_loss", "token_efficiency", "speedup_equal_quality",
-    "tokens_per_s", "throughput_ratio", "peak_mem_gib", "memory_ratio",
-    "mfu_bf16_peak", "speed_note", "obtained",
+    "target_loss", "reached_target", "tokens_to_target", "tokens_to_target_lo", "tokens_to_target_hi",
+    "wall_to_target_s", "equal_quality_loss", "token_efficiency", "token_efficiency_lo",
+    "token_efficiency_hi", "speedup_equal_quality", "speedup_equal_quality_lo", "speedup_equal_quality_hi",
+    "equal_quality_note", "tokens_per_s", "throughput_ratio", "throughput_ratio_lo", "throughput_ratio_hi",
+    "peak_mem_gib", "memory_ratio", "mfu_bf16_peak", "speed_note", "config_warnings",
 )  # fmt: skip
 
 
@@ -99,6 +104,10 @@ class Baseline:
     stack: np.ndarray
     """(n_runs, grid) smoothed train loss; NaN where a run has no value."""
     notes: list[str] = field(default_factory=list)
+    eval_grid: np.ndarray | None = None
+    """Tokens of the BF16 eval rows (those every BF16 run reached); None without eval rows."""
+    eval_stack: np.ndarray | None = None
+    """(n_runs, eval_grid) eval loss."""
 
     @property
     def seeds(self) -> list[int | None]:
@@ -160,7 +169,15 @@ def build_baseline(runs: list[Run], budget: int | None, window: float) -> Baseli
     stack = np.array([c.at(grid) if c is not None else np.full(grid.shape, np.nan) for c in curves])
     seeds = Counter(r.seed for r in chosen)
     notes += [f"{n} BF16 runs share seed {s}: pairing uses the first" for s, n in seeds.items() if n > 1]
-    return Baseline(chosen, variant, curves, grid, stack, notes)
+    base = Baseline(chosen, variant, curves, grid, stack, notes)
+    evals = [r.eval[K.TOKENS][np.isfinite(r.eval[K.LOSS_EVAL])] for r in chosen if len(r.eval[K.TOKENS])]
+    if evals:
+        common = evals[0][evals[0] <= min(e[-1] for e in evals if len(e))] if all(map(len, evals)) else None
+        if common is not None and len(common):
+            base.eval_grid = common.astype(float)
+            base.eval_stack = np.array([eval_at(r, base.eval_grid) if eval_at(r, base.eval_grid) is not None
+                                        else np.full(common.shape, np.nan) for r in chosen])  # fmt: skip
+    return base
 
 
 # --- per-run comparison ---------------------------------------------------------------------------
@@ -300,6 +317,10 @@ class Arm:
     runs: list[Run]
     results: list[RunResult]
     row: dict[str, Any] = field(default_factory=dict)
+    train_band: dict[str, np.ndarray] | None = None
+    """Relative smoothed-train-loss gap along tokens: tokens, mean, lo, hi (the interval per point)."""
+    eval_band: dict[str, np.ndarray] | None = None
+    """The same for eval loss, on the BF16 eval tokens."""
 
 
 @dataclass
@@ -334,68 +355,83 @@ def _status_text(runs: list[Run]) -> tuple[str, str]:
     for r in runs:
         if r.status == K.DIVERGED or r.get("diverged_step") is not None:
             cause = (r.summary or {}).get("divergence_cause") or "cause not recorded"
-            div.append(f"seed {r.seed} @ step {(r.summary or {}).get('diverged_step')}: {cause}")
+            div.append(f"seed {r.seed} at step {(r.summary or {}).get('diverged_step')}: {cause}")
         elif r.status == K.FAILED:
             div.append(f"seed {r.seed} failed: {(r.summary or {}).get('error') or 'no error recorded'}")
     return status, "; ".join(div)
 
 
-def _speed(arm_runs: list[Run], base: Baseline | None) -> tuple[dict[str, Any], str]:
-    """Throughput and memory of native runs against native BF16 runs, or the reason there are none."""
+def _diverged(runs: list[Run]) -> str | None:
+    """'at step N (seed s)' for the earliest diverged run of an arm, else None."""
+    steps = [((r.summary or {}).get("diverged_step"), r.seed) for r in runs if r.status == K.DIVERGED]
+    steps = [(s, seed) for s, seed in steps if s is not None] or [(None, seed) for _, seed in steps]
+    if not steps:
+        return None
+    n = len(steps)
+    step, seed = min(steps, key=lambda t: (t[0] is None, t[0] or 0))
+    where = f"at step {step}" if step is not None else "(step not recorded)"
+    return f"{where} (seed {seed}; {n}/{len(runs)} seeds diverged)"
+
+
+def _set_interval(row: dict[str, Any], prefix: str, iv: S.Interval | None, offset: float = 0.0) -> None:
+    """row[prefix], row[prefix_lo], row[prefix_hi] from an interval (offset added, e.g. 1 for ratios)."""
+    if iv is None:
+        return
+    row[prefix] = iv.mean + offset
+    if math.isfinite(iv.lo):
+        row[f"{prefix}_lo"], row[f"{prefix}_hi"] = iv.lo + offset, iv.hi + offset
+
+
+def _speed(row: dict[str, Any], arm_runs: list[Run], base: Baseline | None) -> None:
+    """Throughput and memory of native runs against native BF16 runs, or the reason there are none.
+
+    throughput_ratio's interval is the t interval over the arm's seeds of tokens_per_s / (mean native
+    BF16 tokens_per_s); memory is deterministic enough to be given as the ratio of means.
+    """
+    note = ""
     if not any(r.backend for r in arm_runs):
-        return {}, "n/a (backend unknown)"
-    if any(r.backend == K.EMULATED_BACKEND for r in arm_runs):
-        return {}, "n/a (emulated)"
-    if not all(r.is_native for r in arm_runs):
-        return {}, f"n/a (backend {arm_runs[0].backend})"
+        note = "n/a (backend unknown)"
+    elif any(r.backend == K.EMULATED_BACKEND for r in arm_runs):
+        note = "n/a (emulated)"
+    elif not all(r.is_native for r in arm_runs):
+        note = f"n/a (backend {arm_runs[0].backend})"
     done = [r for r in arm_runs if r.status == K.COMPLETED]
-    if not done:
-        return {}, "n/a (no completed run)"
-    out = {
-        "tokens_per_s": _mean([r.tokens_per_s for r in done]),
-        "peak_mem_gib": _mean([r.peak_mem_gib for r in done]),
-        "mfu_bf16_peak": _mean([r.summary_number("mfu_bf16_peak") for r in done]),
-    }
+    if not note and not done:
+        note = "n/a (no completed run)"
+    row["speed_note"] = note
+    if note:
+        return
+    row["tokens_per_s"] = _mean([r.tokens_per_s for r in done])
+    row["peak_mem_gib"] = _mean([r.peak_mem_gib for r in done])
+    row["mfu_bf16_peak"] = _mean([r.summary_number("mfu_bf16_peak") for r in done])
     if base is None or not base.native:
-        return out, "n/a (no native BF16 baseline)"
+        row["speed_note"] = "n/a (no native BF16 baseline)"
+        return
     b_tps = _mean([r.tokens_per_s for r in base.native])
     b_mem = _mean([r.peak_mem_gib for r in base.native])
-    if out["tokens_per_s"] and b_tps:
-        out["throughput_ratio"] = out["tokens_per_s"] / b_tps
-    if out["peak_mem_gib"] and b_mem:
-        out["memory_ratio"] = out["peak_mem_gib"] / b_mem
-    return out, ""
-
-
-def _obtained(arm_runs: list[Run], base: Baseline | None) -> str:
-    def desc(runs: list[Run]) -> str:
-        backends = ",".join(sorted({str(r.backend) for r in runs}))
-        hw = ",".join(sorted({str(r.hardware) for r in runs}))
-        seeds = ",".join(str(r.seed) for r in runs)
-        steps = ",".join(sorted({str(r.steps) for r in runs}))
-        return f"backend={backends} hardware={hw} seeds={seeds} steps={steps}"
-
-    s = desc(arm_runs)
-    if base is not None:
-        s += f"; BF16 [{base.variant}]: {desc(base.runs)}"
-    return s
+    if b_tps:
+        _set_interval(row, "throughput_ratio", S.ratio_interval([(r.tokens_per_s or math.nan) / b_tps
+                                                                 for r in done]))  # fmt: skip
+    if row["peak_mem_gib"] and b_mem:
+        row["memory_ratio"] = row["peak_mem_gib"] / b_mem
 
 
 def _arm_row(arm: Arm, base: Baseline | None, missing: str) -> dict[str, Any]:
     runs, key = arm.runs, arm.key
     status, divergence = _status_text(runs)
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    steps = sorted({r.steps for r in runs if r.steps is not None})
     row.update(
         hardware=key.hardware, model=key.model, data=key.data, tokens=key.tokens, recipe=arm.recipe,
         variant=arm.variant, backend=arm.backend, role=arm.role, runs=len(runs),
-        seeds=",".join(str(r.seed) for r in runs), status=status, divergence=divergence,
-        obtained=_obtained(runs, base),
+        seeds=",".join(str(r.seed) for r in runs), steps=",".join(map(str, steps)), status=status,
+        divergence=divergence, loss_floor=_mean([r.loss_floor for r in runs]),
+        config_warnings="; ".join(dict.fromkeys(w for r in runs for w in r.config_warnings)),
     )  # fmt: skip
-    speed, note = _speed(runs, base)
-    row.update(speed)
-    row["speed_note"] = note
+    _speed(row, runs, base)
     if base is None:
         row["baseline"] = missing
+        row["verdict"], row["verdict_text"] = "no baseline", "no BF16 baseline in this group: not compared"
         row["final_eval_loss"] = _mean([r.final_eval_loss for r in runs if r.status == K.COMPLETED])
         return row
     row["baseline"] = f"bf16 [{base.variant}] seeds " + ",".join(map(str, base.seeds))
@@ -403,39 +439,128 @@ def _arm_row(arm: Arm, base: Baseline | None, missing: str) -> dict[str, Any]:
     return row
 
 
+def _gap(row: dict[str, Any], which: str, done: list[RunResult], base: Baseline) -> S.Interval | None:
+    """The final-loss gap interval (relative to BF16) of `which` ('train' or 'eval'), into the row."""
+    if which == "train":
+        run_vals = {x.run.seed: x.final_train for x in done}
+        base_vals = {r.seed: (float(c.smooth[-1]) if c is not None else None)
+                     for r, c in zip(base.runs, base.curves, strict=True)}  # fmt: skip
+    else:
+        run_vals = {x.run.seed: x.final_eval for x in done}
+        base_vals = {r.seed: r.final_eval_loss for r in base.runs}
+    ref = _mean(list(base_vals.values()))
+    row[f"final_{which}_loss"] = _mean(list(run_vals.values()))
+    row[f"bf16_final_{which}_loss"] = ref
+    if row[f"final_{which}_loss"] is None or not ref:
+        return None
+    row[f"{which}_gap_abs"] = row[f"final_{which}_loss"] - ref
+    if arm_is_self(done, base):
+        return None
+    iv = S.gap_interval(run_vals, base_vals)
+    if iv is None:
+        return None
+    rel = iv.scaled(1 / ref)
+    _set_interval(row, f"{which}_gap_rel", rel)
+    row[f"{which}_mde_rel"] = rel.mde if math.isfinite(rel.mde) else None
+    return rel
+
+
+def arm_is_self(done: list[RunResult], base: Baseline) -> bool:
+    return bool(done) and all(any(x.run is b for b in base.runs) for x in done)
+
+
 def _loss_columns(row: dict[str, Any], arm: Arm, base: Baseline) -> None:
     done = [x for x in arm.results if x.run.status == K.COMPLETED]
     paired = sum(x.paired for x in done)
     row["pairing"] = (
         "no completed run" if not done else "paired by seed" if paired == len(done)
-        else "vs BF16 mean" if paired == 0 else f"paired {paired}/{len(done)}, rest vs BF16 mean"
+        else "unpaired (one seed)" if len(done) == 1
+        else f"unpaired ({paired}/{len(done)} seeds match a BF16 seed)"
     )  # fmt: skip
-    row["final_train_loss"] = _mean([x.final_train for x in done])
-    row["bf16_final_train_loss"] = _mean([x.ref_final_train for x in done])
-    row["train_gap_abs"] = _mean([x.train_gap for x in done])
-    row["train_gap_rel"] = _rel(row["train_gap_abs"], row["bf16_final_train_loss"])
-    row["final_eval_loss"] = _mean([x.final_eval for x in done])
-    row["bf16_final_eval_loss"] = _mean([x.ref_final_eval for x in done])
-    row["eval_gap_abs"] = (
-        _mean([x.eval_gap for x in done]) if all(x.eval_gap is not None for x in done) else None
-    )
-    row["eval_gap_rel"] = _rel(row["eval_gap_abs"], row["bf16_final_eval_loss"])
-    use_eval = row["eval_gap_rel"] is not None and all(r.final_eval_loss is not None for r in base.runs)
+    train, ev = _gap(row, "train", done, base), _gap(row, "eval", done, base)
+    use_eval = ev is not None and all(r.final_eval_loss is not None for r in base.runs)
+    headline = ev if use_eval else train
     row["gap_metric"] = "loss/eval" if use_eval else "loss/train (smoothed)"
-    row["gap_rel"] = row["eval_gap_rel"] if use_eval else row["train_gap_rel"]
+    if headline is not None:
+        _set_interval(row, "gap_rel", headline)
+        row["mde_rel"] = headline.mde if math.isfinite(headline.mde) else None
+        row["interval"] = f"{headline.method}, {100 * S.LEVEL:g}%, n={headline.n}"
+    finals = [r.final_eval_loss for r in base.runs] if use_eval else [
+        float(c.smooth[-1]) for c in base.curves if c is not None]  # fmt: skip
+    finals = [f for f in finals if f is not None]
+    if len(finals) > 1:
+        row["bf16_seed_sd_rel"] = float(np.std(finals, ddof=1) / np.mean(finals))
+    if arm.role == "baseline":
+        row["verdict"] = "baseline"
+        n = len(finals)
+        row["verdict_text"] = (
+            f"baseline: {n} BF16 seeds, seed-to-seed sd {100 * row['bf16_seed_sd_rel']:.2f}%"
+            if row["bf16_seed_sd_rel"] is not None else f"baseline: {n} BF16 seed(s), no seed spread"
+        )  # fmt: skip
+    else:
+        row["verdict"], row["verdict_text"] = S.verdict(headline, _diverged(arm.runs))
     _band_columns(row, arm, base, use_eval)
-    late = base.late
-    rel = [x.gap_curve[late] / base.band["mean"][late] for x in arm.results if x.gap_curve is not None]
-    rel = [g[np.isfinite(g)] for g in rel]
-    row["curve_gap_rel_mean"] = _mean([float(g.mean()) for g in rel if len(g)])
-    row["curve_gap_rel_max"] = max((float(g.max()) for g in rel if len(g)), default=None)
-    row["curve_frac_outside_band"] = _mean([x.frac_outside_band for x in arm.results])
+    _curve_columns(row, arm, base)
     anchor = PUBLIC_ANCHORS.get(str(arm.recipe))
     if anchor:
         row["public_anchor"] = anchor[1]
         row["within_anchor"] = None if row["gap_rel"] is None else bool(row["gap_rel"] <= anchor[0])
     if arm.role != "baseline":
         _quality_columns(row, done)
+
+
+def _curve_columns(row: dict[str, Any], arm: Arm, base: Baseline) -> None:
+    """Gap along the train curve with its seed interval (arm.train_band), and the eval curve's."""
+    late = base.late
+    rel = [x.gap_curve[late] / base.band["mean"][late] for x in arm.results if x.gap_curve is not None]
+    rel = [g[np.isfinite(g)] for g in rel]
+    row["curve_gap_rel_mean"] = _mean([float(g.mean()) for g in rel if len(g)])
+    row["curve_gap_rel_max"] = max((float(g.max()) for g in rel if len(g)), default=None)
+    row["curve_frac_outside_band"] = _mean([x.frac_outside_band for x in arm.results])
+    if arm.role == "baseline":
+        return
+    arm.train_band = curve_band(arm, base, "train")
+    arm.eval_band = curve_band(arm, base, "eval")
+    b = arm.train_band
+    if b is not None:
+        ok = late & np.isfinite(b["lo"])
+        if ok.any():
+            row["curve_frac_resolved"] = float(((b["lo"][ok] > 0) | (b["hi"][ok] < 0)).mean())
+
+
+def curve_band(arm: Arm, base: Baseline, which: str) -> dict[str, np.ndarray] | None:
+    """Relative gap to BF16 along tokens with its interval per point (same method as the final gap)."""
+    if which == "train":
+        grid, base_stack = base.grid, base.stack
+        runs = [x.curve.at(grid) if x.curve is not None else None for x in arm.results]
+    else:
+        grid, base_stack = base.eval_grid, base.eval_stack
+        if grid is None or not len(grid):
+            return None
+        runs = [eval_at(x.run, grid) for x in arm.results]
+    seeds = [x.run.seed for x, c in zip(arm.results, runs, strict=True) if c is not None]
+    stack = np.array([c for c in runs if c is not None])
+    if not len(stack):
+        return None
+    ref = np.nanmean(base_stack, 0)
+    base_seeds = [r.seed for r in base.runs]
+    idx = [base_seeds.index(s) if s in base_seeds else None for s in seeds]
+    if all(i is not None for i in idx) and len(idx) > 1:
+        mean, lo, hi = S.paired_band(stack - base_stack[idx])
+    else:
+        mean, lo, hi = S.welch_band(stack, base_stack)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"tokens": grid, "mean": mean / ref, "lo": lo / ref, "hi": hi / ref}
+
+
+def eval_at(run: Run, grid: np.ndarray) -> np.ndarray | None:
+    ev = run.eval.get(K.LOSS_EVAL)
+    if ev is None:
+        return None
+    ok = np.isfinite(ev)
+    if not ok.any():
+        return None
+    return np.interp(grid, run.eval[K.TOKENS][ok], ev[ok], left=np.nan, right=np.nan)
 
 
 def _band_columns(row: dict[str, Any], arm: Arm, base: Baseline, use_eval: bool) -> None:
@@ -462,20 +587,37 @@ def _band_columns(row: dict[str, Any], arm: Arm, base: Baseline, use_eval: bool)
 
 
 def _quality_columns(row: dict[str, Any], done: list[RunResult]) -> None:
+    """Tokens to the BF16 loss, token efficiency and speedup at equal quality, each with a t interval
+    over seeds, or withheld (equal_quality_note says why)."""
     if not done:
+        row["equal_quality_note"] = "withheld: no completed run"
         return
+    notes = []
     row["target_loss"] = _mean([x.target_loss for x in done])
     reached = [x for x in done if x.tokens_to_target is not None]
     row["reached_target"] = f"{len(reached)}/{len(done)}"
     if len(reached) == len(done):
-        row["tokens_to_target"] = _mean([x.tokens_to_target for x in done])
+        _set_interval(row, "tokens_to_target", S.one_sample([x.tokens_to_target for x in done]))
         if not row["speed_note"]:
             row["wall_to_target_s"] = _mean([x.wall_to_target for x in done])
+    else:
+        notes.append(f"tokens to BF16 loss withheld: reached by {len(reached)}/{len(done)} seeds")
     row["equal_quality_loss"] = _mean([x.equal_quality_loss for x in done])
     if all(x.tokens_at_q and x.ref_tokens_at_q for x in done):
-        row["token_efficiency"] = _mean([x.ref_tokens_at_q / x.tokens_at_q for x in done])
-    if not row["speed_note"] and all(x.wall_at_q and x.ref_wall_at_q for x in done):
-        row["speedup_equal_quality"] = _mean([x.ref_wall_at_q / x.wall_at_q for x in done])
+        _set_interval(row, "token_efficiency",
+                      S.one_sample([x.ref_tokens_at_q / x.tokens_at_q for x in done]))  # fmt: skip
+    else:
+        notes.append("token efficiency withheld: a seed never reaches the equal-quality loss")
+    if row["speed_note"]:
+        notes.append(f"speedup {row['speed_note']}")
+    elif all(x.wall_at_q and x.ref_wall_at_q for x in done):
+        _set_interval(row, "speedup_equal_quality",
+                      S.one_sample([x.ref_wall_at_q / x.wall_at_q for x in done]))  # fmt: skip
+    else:
+        notes.append("speedup withheld: no wall time to the equal-quality loss")
+    if len(done) < 2:
+        notes.append("one seed: no intervals")
+    row["equal_quality_note"] = "; ".join(notes)
 
 
 def _missing_text(key: GroupKey, all_runs: list[Run]) -> str:
@@ -485,6 +627,36 @@ def _missing_text(key: GroupKey, all_runs: list[Run]) -> str:
     )  # fmt: skip
     hint = f" (BF16 exists for this hardware/model/data at tokens={','.join(near)})" if near else ""
     return "missing: no completed BF16 run in this group" + hint
+
+
+_PRESET_SECTIONS = ("recipe", "stability", "optimizer")
+
+
+def _settings(run: Run) -> dict[str, Any]:
+    out = {}
+    for section in _PRESET_SECTIONS:
+        d = run.config.get(section)
+        if isinstance(d, dict):
+            out.update({f"{section}.{k}": str(v) for k, v in d.items() if k != "name"})
+    return out
+
+
+def arm_variants(runs: list[Run]) -> dict[int, str]:
+    """The variant of each run (by id): its stability+optimizer presets, plus every recipe/stability/
+    optimizer field that differs between runs of the same recipe and presets (e.g. NVFP4 with
+    `recipe.disable_rht=True` against NVFP4 with its defaults), so such runs are separate arms."""
+    by_preset: dict[tuple, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_preset[(r.recipe, r.variant)].append(r)
+    out = {}
+    for (_, variant), rs in by_preset.items():
+        settings = [_settings(r) for r in rs]
+        keys = sorted(set().union(*settings))
+        varying = [k for k in keys if len({st.get(k) for st in settings}) > 1]
+        for r, st in zip(rs, settings, strict=True):
+            sig = ",".join(f"{k.split('.', 1)[1]}={st.get(k)}" for k in varying)
+            out[id(r)] = f"{variant} {{{sig}}}" if sig else variant
+    return out
 
 
 def compare(runs: list[Run], *, smooth_frac: float = SMOOTH_FRAC) -> Comparison:
@@ -507,9 +679,14 @@ def _compare_group(key: GroupKey, runs: list[Run], all_runs: list[Run], smooth_f
     for r in runs:
         if r.is_baseline and r.status != K.COMPLETED:
             group.notes.append(f"BF16 run {r.name} is {r.status}: not part of the baseline")
+    if base is not None and len(base.runs) < 3:
+        group.notes.append(
+            f"only {len(base.runs)} BF16 seed(s): intervals are wide or missing; run >= 3 seeds per arm"
+        )
     arms: dict[tuple, list[Run]] = defaultdict(list)
+    variants = arm_variants(runs)
     for r in runs:
-        arms[(r.recipe, r.variant, r.backend)].append(r)
+        arms[(r.recipe, variants[id(r)], r.backend)].append(r)
     missing = _missing_text(key, all_runs)
     for (recipe, variant, backend), arm_runs in sorted(arms.items(), key=lambda kv: _arm_order(kv[0], base)):
         role = "baseline" if base and variant == base.variant and recipe == K.BASELINE_RECIPE else "arm"
@@ -518,7 +695,21 @@ def _compare_group(key: GroupKey, runs: list[Run], all_runs: list[Run], smooth_f
         arm = Arm(key, recipe, variant, backend, role, arm_runs, results)
         arm.row = _arm_row(arm, base, missing)
         group.arms.append(arm)
+    _rank(group)
     return group
+
+
+def _rank(group: Group) -> None:
+    """rank 1 = best: baseline first (rank 0), then by verdict (better .. diverged), then by gap."""
+    arms = [a for a in group.arms if a.role != "baseline"]
+    arms.sort(key=lambda a: (S.VERDICT_ORDER.get(a.row["verdict"], 9),
+                             a.row["gap_rel"] if a.row["gap_rel"] is not None else math.inf))  # fmt: skip
+    for i, a in enumerate(arms, 1):
+        a.row["rank"] = i
+    for a in group.arms:
+        if a.role == "baseline":
+            a.row["rank"] = 0
+    group.arms.sort(key=lambda a: a.row["rank"])
 
 
 def _arm_order(arm_key: tuple, base: Baseline | None) -> tuple:

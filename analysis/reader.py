@@ -195,7 +195,8 @@ def read_run_dir(path: str | os.PathLike, name: str | None = None) -> Run:
     config = rj.get("config") if isinstance(rj.get("config"), dict) else {}
     prov = rj.get("provenance") if isinstance(rj.get("provenance"), dict) else {}
     wb = rj.get("wandb") if isinstance(rj.get("wandb"), dict) else None
-    return Run(path, name or path.name, config, prov, wb, summary, train, ev, issues)
+    extra = {k: v for k, v in rj.items() if k not in ("config", "provenance", "wandb")}
+    return Run(path, name or path.name, config, prov, wb, summary, train, ev, issues, extra=extra)
 
 
 def _read_many(args: list[tuple[Path, str]]) -> list[Run]:
