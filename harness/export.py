@@ -33,7 +33,7 @@ import torch
 
 from harness import recipes
 from harness.config.schema import ModelConfig
-from harness.hf.weights import TE_BLOCK, lowp_to_hf
+from harness.hf.weights import lowp_to_hf
 
 FORMATS = ("hf", "hf-fp8", "hf-int4")
 QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -54,33 +54,18 @@ def run_config(run_dir: Path) -> dict:
     return json.loads(path.read_text())["config"]
 
 
-def canonical(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Either backend's parameter names -> the emulated GPT's (TE's blocks.{i}.layer.<name>)."""
-    inverse = {v: k for k, v in TE_BLOCK.items()}
-    out = {}
-    for name, t in sd.items():
-        if ".layer." in name and name.startswith("blocks."):
-            i, rest = name.split(".layer.", 1)
-            if rest.endswith("_extra_state"):
-                continue  # TE's FP8 metadata, not a weight
-            name = f"{i}.{inverse[rest]}"
-        out[name] = t
-    return out
-
-
 def run_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The model tensors of the run's last checkpoint (checkpoints/latest.pt), read without
-    unpickling code (torch.load weights_only=True)."""
-    path = run_dir / "checkpoints" / "latest.pt"
-    if not path.is_file():
-        raise ExportError(f"{run_dir}: no checkpoints/latest.pt; the run wrote no checkpoint")
-    import numpy as np
+    """The model tensors of the run's newest usable checkpoint (harness.checkpoint: DCP tensors and
+    a JSON tree, nothing unpickled), under the emulated GPT's names, which both backends write."""
+    from harness import checkpoint as ckpt
 
-    # the checkpoint's RNG states hold numpy arrays: admit those (plain data) and nothing else
-    arrays = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-    with torch.serialization.safe_globals(arrays):
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    return canonical({k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)})
+    found = ckpt.load_latest(run_dir)
+    if found is None:
+        raise ExportError(
+            f"{run_dir}: no usable checkpoint under checkpoints/; train with checkpoint_interval>=0 "
+            "(the default writes one every 10% of the steps and at the end)"
+        )
+    return {k: v for k, v in found[2]["model"].items() if isinstance(v, torch.Tensor)}
 
 
 # ---- the HF config ---------------------------------------------------------------------------------

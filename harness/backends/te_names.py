@@ -10,6 +10,8 @@ BLOCK_NAMES = {  # emulated Block module -> te.TransformerLayer parameter prefix
     "ln1": "self_attention.layernorm_qkv.layer_norm_",
     "attn.qkv": "self_attention.layernorm_qkv.",
     "attn.proj": "self_attention.proj.",
+    "attn.q_norm": "self_attention.q_norm.",  # qk_layernorm (Qwen3): TE's per-head norms
+    "attn.k_norm": "self_attention.k_norm.",
     "ln2": "layernorm_mlp.layer_norm_",
     "mlp.fc1": "layernorm_mlp.fc1_",
     "mlp.fc2": "layernorm_mlp.fc2_",
