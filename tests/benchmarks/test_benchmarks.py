@@ -212,7 +212,12 @@ def test_fidelity_parts_run_on_the_emulated_backend():
     assert judged["train"]["max_pair_diff"] == 0.0
 
 
-def test_a_missing_anchor_script_stops_before_any_run(tmp_path, capsys):
+def test_a_missing_anchor_script_stops_before_any_run(tmp_path, capsys, monkeypatch):
+    # the spec's anchor path is relative to the working directory: run from one without .gpu/
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    (tmp_path / "out").mkdir()
+    tmp_path = tmp_path / "out"
     argv = ["anchor_1b", "fusedadam_1b", "--out", str(tmp_path)]
     assert importlib.import_module("benchmarks.__main__").main(argv) == 2
     err = capsys.readouterr().err
