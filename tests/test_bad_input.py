@@ -369,8 +369,9 @@ def test_divergence_ends_cleanly_with_exit_0(tmp_path, capsys):
 def test_cli_sigterm_then_restart_resumes(tmp_path):
     """`python -m harness.train` stopped with SIGTERM checkpoints, says how to resume, exits 143;
     the printed command resumes it to the same end as an uninterrupted run."""
-    args = [*TINY, "steps=16", "checkpoint_interval=50", "log_interval=1", "eval_interval=0"]
-    args += ["data.num_tokens=20000", "eval_tokens=512", f"hydra.run.dir={tmp_path}"]
+    # long enough that the signal lands mid-run on an idle machine too (16 steps once finished first)
+    args = [*TINY, "steps=600", "checkpoint_interval=5000", "log_interval=1", "eval_interval=0"]
+    args += ["data.num_tokens=200000", "eval_tokens=512", f"hydra.run.dir={tmp_path}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.train", *args],
@@ -388,7 +389,7 @@ def test_cli_sigterm_then_restart_resumes(tmp_path):
     err = proc.stdout.read()
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, err
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "preempted" and 3 <= summary["steps"] < 16
+    assert summary["status"] == "preempted" and 3 <= summary["steps"] < 600
     assert C.load_latest(tmp_path)[1] == summary["steps"]  # checkpointed at the step boundary
     (command,) = [
         line.split("to resume this run: ")[1] for line in err.splitlines() if "to resume this run" in line
@@ -398,6 +399,6 @@ def test_cli_sigterm_then_restart_resumes(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "loss/train" in x]
-    assert steps == list(range(1, 17))  # continued, no row lost or repeated
+    assert steps == list(range(1, 601))  # continued, no row lost or repeated
     state = C.load_latest(tmp_path)[2]
-    assert state["data"]["position"] == 16 and torch.is_tensor(state["model"]["wte.weight"])
+    assert state["data"]["position"] == 600 and torch.is_tensor(state["model"]["wte.weight"])
