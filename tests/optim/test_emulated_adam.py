@@ -11,23 +11,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness.numerics.adam_states import FP8_MAX, FP16_RANGE, dequantize, quantize
+from harness.numerics.adam_states import FP16_RANGE, dequantize, quantize
 from harness.optim import param_groups
 from harness.optim.emulated_adam import PrecisionAwareAdamW, install_main_grad_hooks
+from tests.numerics.references.e4m3 import e4m3_codes
 
 f32 = np.float32
-ALL_CODES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
-E4M3_POSITIVE = ALL_CODES.float()[:127].numpy()  # codes 0x00..0x7E, increasing, 0 .. 448
-
-
-def e4m3_codes(x: np.ndarray) -> np.ndarray:
-    """Independent encoder: saturate to 448, nearest E4M3 value, ties to the even code."""
-    a = np.minimum(np.abs(x), f32(FP8_MAX))
-    hi = np.clip(np.searchsorted(E4M3_POSITIVE, a), 1, 126)
-    lo = hi - 1
-    d_lo, d_hi = a - E4M3_POSITIVE[lo], E4M3_POSITIVE[hi] - a
-    code = np.where(d_lo < d_hi, lo, np.where(d_hi < d_lo, hi, np.where(lo % 2 == 0, lo, hi)))
-    return (code | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
 
 
 def mlp(seed: int = 0) -> nn.Module:
