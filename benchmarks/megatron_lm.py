@@ -34,7 +34,6 @@ import subprocess
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,19 +45,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def lowp_cases(limit: int | None = None) -> list[dict]:
     """Every sweep case: its label, lowp's verdict (None = accepted, else the message), its argv."""
-    from harness.config.reference_sweep import cases
-    from harness.config.validate import ConfigError, validate
+    from harness.config.reference_sweep import cases, verdict
     from harness.megatron import megatron_args, provider_fields
 
     out = []
     for label, cfg in cases():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                validate(cfg, for_export=True)
-                refused = None
-            except ConfigError as exc:
-                refused = str(exc)
+        refused = verdict(cfg)
         argv, fields = megatron_args(cfg)[0], provider_fields(cfg)
         out.append({"case": label, "lowp_refuses": refused, "argv": argv, "fields": fields})
         if limit and len(out) >= limit:

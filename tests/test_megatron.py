@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import shlex
-import warnings
 
 import pytest
 
@@ -311,19 +310,12 @@ def te_rule_violations(cfg) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sweep():
-    from harness.config.reference_sweep import cases
-    from harness.config.validate import ConfigError, validate
+    from harness.config.reference_sweep import cases, verdict
     from harness.megatron import provider_fields
 
     out = []
     for label, cfg in cases():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                validate(cfg, for_export=True)
-                refused = None
-            except ConfigError as exc:
-                refused = str(exc)
+        refused = verdict(cfg)
         argv = megatron_args(cfg)[0]
         out.append(
             (label, cfg, refused, flag_rule_violations(argv, provider_fields(cfg)) + te_rule_violations(cfg))

@@ -164,3 +164,19 @@ def cases() -> Iterator[tuple[str, Config]]:
         for recipe in recipes():
             for knob in KNOBS:
                 yield label(preset, recipe, knob), build(preset, recipe, knob)
+
+
+def verdict(cfg: Config) -> str | None:
+    """lowp's decision on one sweep case for the export: None when accepted, else the refusal
+    (warnings silenced: the sweep reads decisions, not advice)."""
+    import warnings
+
+    from harness.config.validate import ConfigError, validate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            validate(cfg, for_export=True)
+        except ConfigError as exc:
+            return str(exc)
+    return None
