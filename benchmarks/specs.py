@@ -267,10 +267,12 @@ def check(spec: Spec, opts, validate: bool = True) -> dict[str, list[str]]:
 
 def cli(mod, argv: list[str] | None) -> int:
     """The command line of one benchmark module: parse, check every config up front, run, write JSON."""
-    name = mod.__name__.removeprefix("benchmarks.")
+    # the module's import name also under `python -m benchmarks.X`, where __name__ is "__main__"
+    full = mod.__spec__.name if getattr(mod, "__spec__", None) else mod.__name__
+    name = full.removeprefix("benchmarks.")
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog=f"python -m {mod.__name__}", description=mod.__doc__, formatter_class=raw
+        prog=f"python -m {full}", description=mod.__doc__, formatter_class=raw
     )
     add_arguments(parser, mod.Options)
     args = parser.parse_args(argv)
