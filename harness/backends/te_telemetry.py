@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import math
 import warnings
 
 import torch
@@ -113,8 +114,14 @@ def _norm(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
     w, b = mod.layer_norm_weight, getattr(mod, "layer_norm_bias", None)
     margin = getattr(mod, "fwd_ln_sm_margin", 0)
-    args = (mod.eps, None, torch.float32, mod.normalization, margin, mod.zero_centered_gamma)
-    return apply_normalization(x, None, w, b, *args)[0]
+    for out_dtype in (torch.float32, x.dtype):  # the kernel's own output type if fp32 is refused
+        args = (mod.eps, None, out_dtype, mod.normalization, margin, mod.zero_centered_gamma)
+        try:
+            return apply_normalization(x, None, w, b, *args)[0]
+        except RuntimeError:
+            if out_dtype == x.dtype:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _first_tensor(out):
@@ -263,9 +270,8 @@ class TETelemetry:
                 return
             with torch.no_grad():  # dact: fc2's dgrad GEMM (bf16 out), then act'(h)
                 dact = (_deq(q_g2) @ _deq(q_w2)).to(torch.bfloat16)  # (B*T, F)
-            with torch.enable_grad():
-                hh = h.float().requires_grad_(True)
-                (dh,) = torch.autograd.grad(_act(hh, self.activation), hh, dact.float())
+            with torch.no_grad():
+                dh = _act_backward(h.float(), dact.float(), self.activation)
             self._add(fc1, "grad", dh.to(torch.bfloat16), _own_quantizer(mod, False, B.GRAD_OUTPUT1))
 
         y = _first_tensor(out)
@@ -290,3 +296,14 @@ def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
     from harness.backends.emulated import _act as act
 
     return act(x, kind)
+
+
+def _act_backward(h: torch.Tensor, dy: torch.Tensor, kind: str) -> torch.Tensor:
+    """d act(h) / dh times dy, in closed form (no autograd call inside the backward hook)."""
+    if kind == "gelu":  # tanh approximation, as TE's and the emulated gelu
+        c = math.sqrt(2.0 / math.pi)
+        t = torch.tanh(c * (h + 0.044715 * h**3))
+        return dy * (0.5 * (1 + t) + 0.5 * h * (1 - t * t) * c * (1 + 3 * 0.044715 * h * h))
+    gate, value = h.chunk(2, dim=-1)
+    sig = torch.sigmoid(gate)
+    return torch.cat([dy * value * sig * (1 + gate * (1 - sig)), dy * gate * sig], dim=-1)
