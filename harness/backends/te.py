@@ -180,7 +180,8 @@ class TEBackend(Backend):
         """Rows from TE's own quantizers; hooks exist only inside the block (te_telemetry.py)."""
         from harness.backends.te_telemetry import TETelemetry
 
-        return TETelemetry(self._model, self.spec.model.activation).collect()
+        recipe_of = lambda name: self._name_of(self.plan.recipe_for(name))  # noqa: E731
+        return TETelemetry(self._model, self.spec.model.activation, recipe_of).collect()
 
     def build_optimizer(self, model: nn.Module, cfg: OptimizerConfig):
         """TE FusedAdam over the bf16 params (harness.optim); whole fp32 masters where the recipe's

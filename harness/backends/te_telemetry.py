@@ -108,13 +108,14 @@ def _quantize(q, x: torch.Tensor):
     return q.quantize(x.contiguous())
 
 
-def _norm(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The module's norm of x as TE computes it (fp32 out: the fused norm+cast quantizes that)."""
+def _norm(mod: nn.Module, x: torch.Tensor, fused: bool) -> torch.Tensor:
+    """The module's norm of x by TE's kernel: fp32 out where TE's norm casts to FP8 itself (`fused`,
+    harness.recipes' fused_casts), else in x's dtype (bf16), which TE then quantizes."""
     from transformer_engine.pytorch.module._common import apply_normalization
 
     w, b = mod.layer_norm_weight, getattr(mod, "layer_norm_bias", None)
     margin = getattr(mod, "fwd_ln_sm_margin", 0)
-    for out_dtype in (torch.float32, x.dtype):  # the kernel's own output type if fp32 is refused
+    for out_dtype in (torch.float32, x.dtype) if fused else (x.dtype,):
         args = (mod.eps, None, out_dtype, mod.normalization, margin, mod.zero_centered_gamma)
         try:
             return apply_normalization(x, None, w, b, *args)[0]
@@ -152,10 +153,11 @@ def _guarded(fn):
 
 class TETelemetry:
     """Rows of one forward/backward of a TEGPT, one per (quantized linear, role), as the emulated
-    backend writes them; `activation` is the model's MLP activation (gelu or swiglu)."""
+    backend writes them; `activation` is the model's MLP activation (gelu or swiglu), `recipe_of`
+    maps a linear's name to the recipe TE runs its GEMMs in."""
 
-    def __init__(self, model: nn.Module, activation: str):
-        self.model, self.activation = model, activation
+    def __init__(self, model: nn.Module, activation: str, recipe_of):
+        self.model, self.activation, self.recipe_of = model, activation, recipe_of
         self.rows: list[dict] | None = None
         self.errors: list[str] = []
 
@@ -219,7 +221,7 @@ class TETelemetry:
         x = _module_input(args, kwargs)
         x2 = x.reshape(-1, x.shape[-1])  # (B*T, C)
         with torch.no_grad():
-            inp = _norm(mod, x2) if has_norm else x2
+            inp = _norm(mod, x2, self._fused(name)["fused_input_cast"]) if has_norm else x2
         self._add(name, "input", inp, _own_quantizer(mod, True, F.GEMM1_INPUT))
         self._weight(name, mod.weight, _own_quantizer(mod, True, F.GEMM1_WEIGHT))
         y = _first_tensor(out)
@@ -254,25 +256,28 @@ class TETelemetry:
         fc1, fc2 = f"{prefix}.mlp.fc1", f"{prefix}.mlp.fc2"
         x = _module_input(args, kwargs)
         x2 = x.reshape(-1, x.shape[-1])  # (B*T, C)
+        f1, f2 = self._fused(fc1), self._fused(fc2)
         with torch.no_grad():
-            ln = _norm(mod, x2)
+            ln = _norm(mod, x2, f1["fused_input_cast"])
         q_in1 = self._add(fc1, "input", ln, _own_quantizer(mod, True, F.GEMM1_INPUT))
         q_w1 = self._weight(fc1, mod.fc1_weight, _own_quantizer(mod, True, F.GEMM1_WEIGHT))
         q_w2 = self._weight(fc2, mod.fc2_weight, _own_quantizer(mod, True, F.GEMM2_WEIGHT))
         if q_in1 is None or q_w1 is None:
             return
         with torch.no_grad():
-            h = self._fc1_out(mod, q_in1, q_w1)  # (B*T, F or 2F for swiglu) bf16
-            self._add(fc2, "input", _act(h, self.activation), _own_quantizer(mod, True, F.GEMM2_INPUT))
+            h = self._fc1_out(mod, q_in1, q_w1)  # (B*T, F or 2F for swiglu) bf16, kept to backward
+            act = _act(h.float(), self.activation)  # fp32: TE's fused act+cast quantizes it unrounded
+            act = act if f2["fused_input_cast"] else act.to(torch.bfloat16)
+            self._add(fc2, "input", act, _own_quantizer(mod, True, F.GEMM2_INPUT))
 
         def fc1_grad(q_g2) -> None:
             if q_g2 is None or q_w2 is None:
                 return
             with torch.no_grad():  # dact: fc2's dgrad GEMM (bf16 out), then act'(h)
                 dact = (_deq(q_g2) @ _deq(q_w2)).to(torch.bfloat16)  # (B*T, F)
-            with torch.no_grad():
                 dh = _act_backward(h.float(), dact.float(), self.activation)
-            self._add(fc1, "grad", dh.to(torch.bfloat16), _own_quantizer(mod, False, B.GRAD_OUTPUT1))
+                dh = dh if f1["fused_grad_cast"] else dh.to(torch.bfloat16)
+            self._add(fc1, "grad", dh, _own_quantizer(mod, False, B.GRAD_OUTPUT1))
 
         y = _first_tensor(out)
         if isinstance(y, torch.Tensor) and y.requires_grad:
@@ -286,6 +291,12 @@ class TETelemetry:
         if isinstance(bias, torch.Tensor) and bias.numel():
             h = h + bias.float()
         return h.to(torch.bfloat16)
+
+    def _fused(self, name: str) -> dict[str, bool]:
+        """Where TE casts this linear's operands inside the kernel that makes them (fp32, unrounded)."""
+        from harness.backends.emulated import fused_casts
+
+        return fused_casts(name, self.recipe_of(name), self.activation)
 
 
 def _deq(q) -> torch.Tensor:

@@ -61,12 +61,13 @@ def _close(stat: str, a, b, pow2: bool) -> bool:
 @pytest.mark.parametrize("recipe", ["tensorwise", "delayed", "blockwise"])
 def test_te_telemetry_rows_match_emulated(tmp_path, recipe):
     from harness.backends.te_weights import load_into_te, round_to_bf16_
+    from harness.config import load
     from harness.train import Trainer
 
-    em = Trainer(compose_cfg(*COMMON, "backend=emulated", f"recipe={recipe}"), tmp_path / "em")
+    em = Trainer(load([*COMMON, "backend=emulated", f"recipe={recipe}"]), tmp_path / "em")
     round_to_bf16_(em.model)
     weights = {k: v.detach().clone() for k, v in em.model.state_dict().items()}
-    te = Trainer(compose_cfg(*COMMON, "backend=te", f"recipe={recipe}"), tmp_path / "te")
+    te = Trainer(load([*COMMON, "backend=te", f"recipe={recipe}"]), tmp_path / "te")
     load_into_te(te.model, weights, te.cfg.model.num_attention_heads)
     x, y = em._next_batch()
     want, got = _rows(em, x, y), _rows(te, x, y)
