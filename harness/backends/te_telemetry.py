@@ -125,6 +125,13 @@ def _norm(mod: nn.Module, x: torch.Tensor, fused: bool) -> torch.Tensor:
     raise AssertionError("unreachable")
 
 
+def _is_te_quantized(t) -> bool:
+    """A TE quantized tensor (torch.Tensor has a `dequantize` of its own, for torch's int8 tensors)."""
+    from transformer_engine.pytorch.quantized_tensor import QuantizedTensorStorage
+
+    return isinstance(t, QuantizedTensorStorage)
+
+
 def _first_tensor(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
@@ -202,7 +209,7 @@ class TETelemetry:
         """The weight row: bf16(W) through the module's weight quantizer (an FP8 param as it is)."""
         if q is None or self.rows is None:
             return None
-        if hasattr(w, "dequantize"):  # fp8_param: the stored codes are the operand
+        if _is_te_quantized(w):  # fp8_param: the stored codes are the operand
             with torch.no_grad():
                 x = w.dequantize(dtype=torch.float32)
                 self.rows.append(T.tensor_row(layer, "weight", x, _Row(w, x)))
