@@ -25,15 +25,20 @@ from pathlib import Path
 BASE = ("experiment=h200_1b", "logger=none", "telemetry_interval=0", "steps=1000")
 
 
-def _timed_steps(tr, first: int, count: int) -> list[tuple[int, float]]:
+def _sync() -> None:
     import torch
 
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed_steps(tr, first: int, count: int) -> list[tuple[int, float]]:
     out = []
     for step in range(first, first + count):
-        torch.cuda.synchronize()
+        _sync()
         t0 = time.perf_counter()
         tr.train_step(step)
-        torch.cuda.synchronize()
+        _sync()
         out.append((step, (time.perf_counter() - t0) * 1e3))
     return out
 
@@ -45,6 +50,9 @@ def measure(recipe: str, overrides: list[str], warmup: int, steps: int, interval
     from harness.train import Trainer
 
     cfg = specs.load_config([*BASE, f"recipe={recipe}", *overrides])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     tr = Trainer(cfg, run_dir)
     _timed_steps(tr, 0, warmup)
     off = [ms for _, ms in _timed_steps(tr, warmup, steps)]
@@ -70,11 +78,13 @@ def measure(recipe: str, overrides: list[str], warmup: int, steps: int, interval
         "between_steps_overhead": med(between) / med(off) - 1,
         "rows_per_telemetry_step": len(rows),
         "samples": {"off": off, "telemetry": tele, "between": between},
-        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "backend": tr.backend.name,
     }
-    del tr
+    del tr, rows
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return res
 
 
