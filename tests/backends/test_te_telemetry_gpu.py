@@ -1,12 +1,19 @@
 """Telemetry on the TE backend: the same rows as the emulated backend on the same weights and batch,
 and a run with `telemetry_interval > 0` writes them (run on a CUDA machine with TE; skipped elsewhere).
 
-Tolerances, and why they are not zero: the emulated GPT reproduces TE's numerics, but the TE rows
-recompute what TE fuses away (the QKV/fc1 inputs: the norm, recomputed by TE's own kernel unfused;
-the fc2 input and fc1 grad: fp32 GEMMs of the dequantized operands instead of TE's FP8 GEMMs), and
-deeper layers inherit the small GEMM-order differences of the blocks before them. So amax and
-scale agree within 2% (a power-of-2 scale may step by exactly 2x where amax sits on a power of two),
-underflow within 0.002 + 10% of itself, saturation within 1e-3 of the elements, SQNR within 1 dB.
+Tolerances, by tensor role, and why they are not all zero:
+- weight: none to speak of. The same bf16 weights through TE's quantizer and lowp's (bit for bit
+  equal, benchmarks/fidelity/quantizers.py): amax, underflow and saturation equal, scale and SQNR to
+  1e-6 relative (1/scale_inv against scale).
+- input: amax and scale within 2%, underflow within 0.002 + 10% of itself, saturation within 1e-3 of
+  the elements, SQNR within 1 dB. The TE rows recompute what TE fuses away (the QKV/fc1 norm by TE's
+  own kernel unfused; the fc2 input from an fp32 GEMM of the dequantized fc1 operands instead of TE's
+  FP8 GEMM), and deeper blocks inherit the backends' small GEMM-order differences.
+- grad: amax and scale within 10%, underflow within 0.005 + 10%, saturation within 1e-3, SQNR within
+  1.5 dB. The step-0 gradients of the two backends differ element by element as much as TE's own do
+  under a one-ulp weight change (RESULTS.md, "Step-0 gradients": 5-32% median relative), and fc1's
+  gradient is recomputed from fc2's dgrad in fp32.
+A power-of-2 scale may in addition step by exactly 2x where an amax sits near a power of two.
 """
 
 from __future__ import annotations
@@ -42,16 +49,27 @@ def _rows(tr, x, y) -> dict:
     return out
 
 
-def _close(stat: str, a, b, pow2: bool) -> bool:
+TOL = {  # role -> (amax/scale rel, underflow abs, saturation abs, SQNR dB)
+    "input": (2e-2, 2e-3, 1e-3, 1.0),
+    "grad": (1e-1, 5e-3, 1e-3, 1.5),
+}
+
+
+def _close(tensor: str, stat: str, a, b, pow2: bool) -> bool:
     if a is None or b is None:
         return a is None and b is None
+    if isinstance(a, float) and math.isinf(a) or isinstance(b, float) and math.isinf(b):
+        return a == b
+    if tensor == "weight":
+        return a == b if stat in ("amax", "underflow", "saturation") else math.isclose(a, b, rel_tol=1e-6)
+    rel, under, sat, db = TOL[tensor]
     if stat == "sqnr_db":
-        return (math.isinf(a) and math.isinf(b) and a == b) or abs(a - b) <= 1.0
+        return abs(a - b) <= db
     if stat == "underflow":
-        return abs(a - b) <= 2e-3 + 0.1 * max(a, b)
+        return abs(a - b) <= under + 0.1 * max(a, b)
     if stat == "saturation":
-        return abs(a - b) <= 1e-3
-    if math.isclose(a, b, rel_tol=2e-2, abs_tol=1e-12):
+        return abs(a - b) <= sat
+    if math.isclose(a, b, rel_tol=rel, abs_tol=1e-12):
         return True
     return stat == "scale" and pow2 and b != 0 and a / b in (0.5, 2.0)
 
@@ -79,7 +97,7 @@ def test_te_telemetry_rows_match_emulated(tmp_path, recipe):
     for key, w in want.items():
         g = got[key]
         assert set(g) == set(w), (key, sorted(set(g) ^ set(w)))
-        bad += [(key, s, g[s], w[s]) for s in STATS if not _close(s, g[s], w[s], pow2)]
+        bad += [(key, s, g[s], w[s]) for s in STATS if not _close(key[1], s, g[s], w[s], pow2)]
     assert not bad, f"{len(bad)} of {len(want) * len(STATS)} values off, e.g. {bad[:6]}"
 
     # the hooks live only inside the telemetry block: a plain step runs TE untouched
