@@ -10,10 +10,15 @@ codes, scale_inv and `dequantize()`. The copy never writes the module's state: a
 copy gets its own amax buffer, so the amax history is the step's own.
 
 Where TE fuses an operand away (it never exists in high precision), it is recomputed from the
-module's parameters: the QKV and fc1 inputs are TE's own `apply_normalization` of the module input
-(fp32 out, as TE's fused norm+cast quantizes it); the fc2 input is act(fc1 GEMM of the dequantized
-fc1 operands); the fc1 gradient is act'(fc1 out) times the fc2 dgrad GEMM of the dequantized
-operands. Those GEMMs run in fp32, so they differ from TE's FP8 GEMMs by accumulation order only.
+module's parameters: the QKV and fc1 inputs are TE's own `apply_normalization` of the module input;
+the fc2 input is act(fc1 GEMM of the dequantized fc1 operands); the fc1 gradient is act'(fc1 out)
+times the fc2 dgrad GEMM of the dequantized operands. Those GEMMs run in fp32, so they differ from
+TE's FP8 GEMMs by accumulation order only. An operand TE casts inside the kernel that makes it
+(harness.recipes' `fused_casts`, as the emulated backend) is taken in fp32, the others in bf16.
+The proj input, the weights and the QKV/proj/fc2 gradients are TE's own tensors, unchanged.
+
+Cost on telemetry steps: one extra quantization per operand, the rows' reductions (each row syncs),
+two fp32 GEMMs per block, and fc1's output (bf16) kept per block until its backward.
 """
 
 from __future__ import annotations
