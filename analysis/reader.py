@@ -276,12 +276,18 @@ def load_runs(paths: list[str | os.PathLike] | str | os.PathLike, *, workers: in
     if wandb_files:
         from analysis.wandb_offline import read_offline_run
 
+        from_wandb: dict[str, int] = {}
         for f in wandb_files:
             run = read_offline_run(f, name=_run_name(f.parent, roots))
             rid = (run.wandb or {}).get("run_id")
+            if rid and rid in from_wandb and run.config and not runs[from_wandb[rid]].config:
+                runs[from_wandb[rid]] = run  # the run itself, found after a resumed file of its id
+                continue
             if rid and rid in known_ids:
-                continue  # the same run, read from its run directory or another copy (latest-run)
+                continue  # the same run, read from its run directory or a resumed file of its id
             known_ids.add(rid)
+            if rid:
+                from_wandb[rid] = len(runs)
             runs.append(run)
     runs.sort(key=lambda r: r.name)
     for r in runs:
