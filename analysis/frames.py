@@ -95,8 +95,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 def curves_frame(objects: list[Run], metrics: tuple[str, ...] | None = CURVE_METRICS) -> pd.DataFrame:
     """Long format (run, step, tokens, metric, value), NaN values dropped; `run` and `metric` categorical.
 
-    Built from each run's numpy columns by concatenation (no per-row Python), so 200 runs x 10,000
-    steps take about a second.
+    Built from each run's numpy columns by one concatenation per column, cast on the way, and handed
+    to pandas without a copy: 200 runs x 10,000 steps (12M rows) take well under a second.
     """
     parts = []
     for r in objects:
@@ -105,7 +105,9 @@ def curves_frame(objects: list[Run], metrics: tuple[str, ...] | None = CURVE_MET
                 if key in (K.STEP, K.TOKENS) or (metrics is not None and key not in metrics):
                     continue
                 ok = np.isfinite(vals)
-                if ok.any():
+                if ok.all():
+                    parts.append((r.name, key, cols[K.STEP], cols[K.TOKENS], vals))
+                elif ok.any():
                     parts.append((r.name, key, cols[K.STEP][ok], cols[K.TOKENS][ok], vals[ok]))
     if not parts:
         return pd.DataFrame({"run": pd.Categorical([]), "step": np.zeros(0, np.int64),
@@ -114,15 +116,22 @@ def curves_frame(objects: list[Run], metrics: tuple[str, ...] | None = CURVE_MET
     names = list(dict.fromkeys(p[0] for p in parts))
     mets = list(dict.fromkeys(p[1] for p in parts))
     sizes = [len(p[2]) for p in parts]
-    run_codes = np.repeat([names.index(p[0]) for p in parts], sizes)
-    met_codes = np.repeat([mets.index(p[1]) for p in parts], sizes)
+
+    def codes(labels: list[str], of: int) -> np.ndarray:
+        index = {v: i for i, v in enumerate(labels)}
+        dtype = np.int8 if len(labels) < 2**7 else np.int16 if len(labels) < 2**15 else np.int32
+        return np.repeat(np.array([index[p[of]] for p in parts], dtype=dtype), sizes)
+
+    def column(of: int, dtype: type) -> np.ndarray:
+        return np.concatenate([p[of] for p in parts], dtype=dtype, casting="unsafe")
+
     return pd.DataFrame({
-        "run": pd.Categorical.from_codes(run_codes, names),
-        "step": np.concatenate([p[2] for p in parts]).astype(np.int64),
-        "tokens": np.concatenate([p[3] for p in parts]).astype(np.int64),
-        "metric": pd.Categorical.from_codes(met_codes, mets),
-        "value": np.concatenate([p[4] for p in parts]),
-    })  # fmt: skip
+        "run": pd.Categorical.from_codes(codes(names, 0), names),
+        "step": column(2, np.int64),
+        "tokens": column(3, np.int64),
+        "metric": pd.Categorical.from_codes(codes(mets, 1), mets),
+        "value": column(4, np.float64),
+    }, copy=False)  # fmt: skip
 
 
 def numerics_frame(objects: list[Run]) -> pd.DataFrame:

@@ -145,8 +145,50 @@ def _sorted_by_step(cols: dict[str, np.ndarray], what: str, issues: list[str]) -
 
 
 def read_metrics(path: Path, issues: list[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(train columns, eval columns) of a metrics.jsonl; `numerics/...` keys are not kept."""
-    return rows_to_columns(parse_jsonl(path, issues), path.name, issues)
+    """(train columns, eval columns) of a metrics.jsonl; `numerics/...` keys are not kept.
+
+    A file of plain numeric rows is parsed by pyarrow's JSON reader straight into columns (several
+    times faster than Python dicts); anything else (bad lines, nulls, strings, nested values, or no
+    pyarrow) takes the row-by-row path, which gives the same columns and names what it skipped.
+    """
+    fast = _arrow_columns(path.read_bytes())
+    if fast is None:
+        return rows_to_columns(parse_jsonl(path, issues), path.name, issues)
+    cols, present = fast
+    return _train_eval(cols, present, len(cols[K.STEP]), path.name, issues)
+
+
+def _arrow_columns(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+    """(float columns, rows holding each loss key) of a JSON-lines text read by pyarrow, or None
+    where the row path must decide.
+
+    None when some value is null (the row path tells a null from an absent key, which decides train
+    and eval rows; here both are arrow nulls) or not a number, when a line is not a JSON object, or
+    without pyarrow. Absent keys become NaN, as in the row path.
+    """
+    if not data.strip() or b"null" in data:
+        return None
+    try:
+        import pyarrow as pa
+        import pyarrow.json as pj
+    except ImportError:
+        return None
+    try:
+        table = pj.read_json(pa.BufferReader(data))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    cols, present = {}, {}
+    for name, col in zip(table.column_names, table.columns, strict=True):
+        if name.startswith(K.NUMERICS_PREFIX):
+            continue
+        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+            return None
+        cols[name] = col.to_numpy().astype(float, copy=False)
+        if name in (K.LOSS_TRAIN, K.LOSS_EVAL):
+            present[name] = ~col.is_null().to_numpy(zero_copy_only=False)
+    for k in (K.STEP, K.TOKENS):
+        cols.setdefault(k, np.full(table.num_rows, np.nan))
+    return dict(sorted(cols.items())), present
 
 
 def rows_to_columns(
@@ -160,12 +202,21 @@ def rows_to_columns(
     keys = set().union(*map(dict.keys, rows)) if rows else set()
     keys = sorted(k for k in keys | {K.STEP, K.TOKENS} if not k.startswith(K.NUMERICS_PREFIX))
     cols = _columns(rows, keys)
+    present = {k: np.array([k in r for r in rows], dtype=bool) for k in (K.LOSS_TRAIN, K.LOSS_EVAL)}
+    return _train_eval(cols, present, len(rows), what, issues)
+
+
+def _train_eval(
+    cols: dict[str, np.ndarray], present: dict[str, np.ndarray], n: int, what: str, issues: list[str]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Train and eval columns from all rows' columns; `present[key]`: rows that hold that loss key."""
     ok = np.isfinite(cols[K.STEP]) & np.isfinite(cols[K.TOKENS])
     if not ok.all():
         issues.append(f"{what}: skipped {int((~ok).sum())} row(s) without numeric step and tokens")
-    has_eval = np.isfinite(cols[K.LOSS_EVAL]) if K.LOSS_EVAL in cols else np.zeros(len(rows), bool)
-    has_train = np.array([K.LOSS_TRAIN in r for r in rows], dtype=bool)
-    is_eval = np.array([K.LOSS_EVAL in r for r in rows], dtype=bool)
+    none = np.zeros(n, bool)
+    has_eval = np.isfinite(cols[K.LOSS_EVAL]) if K.LOSS_EVAL in cols else none
+    has_train = present.get(K.LOSS_TRAIN, none)
+    is_eval = present.get(K.LOSS_EVAL, none)
     tr, ev = ok & (has_train | ~is_eval), ok & is_eval & has_eval
     train = {k: v[tr] for k, v in cols.items() if k != K.LOSS_EVAL}
     ev_cols = {
@@ -225,12 +276,18 @@ def load_runs(paths: list[str | os.PathLike] | str | os.PathLike, *, workers: in
     if wandb_files:
         from analysis.wandb_offline import read_offline_run
 
+        from_wandb: dict[str, int] = {}
         for f in wandb_files:
             run = read_offline_run(f, name=_run_name(f.parent, roots))
             rid = (run.wandb or {}).get("run_id")
+            if rid and rid in from_wandb and run.config and not runs[from_wandb[rid]].config:
+                runs[from_wandb[rid]] = run  # the run itself, found after a resumed file of its id
+                continue
             if rid and rid in known_ids:
-                continue  # the same run, read from its run directory or another copy (latest-run)
+                continue  # the same run, read from its run directory or a resumed file of its id
             known_ids.add(rid)
+            if rid:
+                from_wandb[rid] = len(runs)
             runs.append(run)
     runs.sort(key=lambda r: r.name)
     for r in runs:

@@ -138,5 +138,6 @@ def read_offline_run(path: str | Path, name: str | None = None) -> Run:
 
 
 def find_offline_runs(root: str | Path) -> list[Path]:
-    """Every `run-*.wandb` under `root`."""
-    return sorted(Path(root).rglob("run-*.wandb"))
+    """Every `run-*.wandb` under `root`, without the `latest-run` link (a second path to one of them,
+    which sorts first and may be a resumed run that carries no config)."""
+    return sorted(p for p in Path(root).rglob("run-*.wandb") if "latest-run" not in p.parts)

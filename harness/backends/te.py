@@ -176,6 +176,13 @@ class TEBackend(Backend):
     def autocast(self):
         return self.te.autocast(enabled=self.recipe is not None, recipe=self.recipe)
 
+    def collect_telemetry(self):
+        """Rows from TE's own quantizers; hooks exist only inside the block (te_telemetry.py)."""
+        from harness.backends.te_telemetry import TETelemetry
+
+        recipe_of = lambda name: self._name_of(self.plan.recipe_for(name))  # noqa: E731
+        return TETelemetry(self._model, self.spec.model.activation, recipe_of).collect()
+
     def build_optimizer(self, model: nn.Module, cfg: OptimizerConfig):
         """TE FusedAdam over the bf16 params (harness.optim); whole fp32 masters where the recipe's
         params hold something other than bf16(master) (RecipeSpec.full_master: INT4 QAT's W-hat)."""
