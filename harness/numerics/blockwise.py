@@ -20,9 +20,10 @@ BLOCK = 128
 class BlockwiseQuantized(BlockQuantized):
     """Float8BlockwiseQTensor: rowwise/columnwise data and fp32 scale_inv in TE's GEMM layouts."""
 
-    def __init__(self, elems, dec, block, shape, columnwise, has_nan, fmt, scale, block_amax):
+    def __init__(self, elems, dec, block, shape, columnwise, has_nan, fmt, scale, block_amax, pow2=True):
         super().__init__(elems, dec, block, shape, columnwise, has_nan)
         self.fmt, self._scale, self.block_amax = fmt, scale, block_amax
+        self.exact_bf16 = pow2  # fp32 scales: dequantized values need fp32 (the fast GEMM keeps it)
 
     @property
     def tile_2d(self) -> bool:
@@ -81,5 +82,5 @@ def quantize_blockwise(
     v = v.mul_(scale[:, None, :, None])  # fp32(x) * scale, rounded to fp32
     q = cast_fp8(v, fmt, inplace=True).view(xp.shape)  # (Mp, Kp)
     return BlockwiseQuantized(
-        q, reciprocal(scale), (br, bc), x.shape, columnwise, has_nan, fmt, scale, block_amax
+        q, reciprocal(scale), (br, bc), x.shape, columnwise, has_nan, fmt, scale, block_amax, power_2
     )

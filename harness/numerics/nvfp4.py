@@ -47,6 +47,13 @@ class NVFP4Quantized(BlockQuantized):
         super().__init__(elems, dec, block, shape, columnwise)
         self.sf, self.amax, self.rht = sf, amax_.reshape(1), rht
 
+    def _gemm_operand(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """E2M1 x E4M3 block scale (exact in bf16), the global amax / 2688 folded into the GEMM."""
+        blocks = block_view(self.elems, *self.block)  # (Mr, br, Kc, bc)
+        vals = (blocks * self.sf.float()[:, None, :, None]).view(self.elems.shape)[: self.m, : self.k]
+        post = self.amax * const(1.0 / GLOBAL_MAX, self.amax)
+        return vals.to(torch.bfloat16).reshape(self.shape), post.reshape(1)
+
     @property
     def data(self) -> torch.Tensor:
         """Rowwise (M, K/2); columnwise (K, M/2) from the transposed codes; two codes per byte."""

@@ -31,6 +31,10 @@ class PerTensorQuantized(Quantized):
         vals, factor = fp8_to_float(self.q, self.has_nan)
         return vals.mul_(self._scale_inv * factor if factor != 1.0 else self._scale_inv)
 
+    def _gemm_operand(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The FP8 codes themselves (exact in bf16), scale_inv folded into the GEMM (as TE's alpha)."""
+        return self.q.to(torch.bfloat16).reshape(self.shape), self._scale_inv.reshape(1)
+
     @property
     def data(self) -> torch.Tensor:
         codes = self.q.view(torch.uint8)  # (M, K)
