@@ -37,7 +37,8 @@ CASES = {
     "nvfp4_2d": ("nvfp4", {}, "weight"),
 }
 EXACT = {"tensorwise_pow2", "block1d_e4m3", "block1d_e5m2", "block2d_e4m3", "mxfp8_e4m3", "mxfp8_e5m2"}
-FOLDED = {"tensorwise_e4m3", "tensorwise_e5m2", "delayed_e4m3"}  # codes x scale_inv: the reference's own product
+# codes x scale_inv: the reference's own product
+FOLDED = {"tensorwise_e4m3", "tensorwise_e5m2", "delayed_e4m3"}
 
 
 def _copies(x, case, seed=0):
