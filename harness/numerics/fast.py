@@ -114,8 +114,8 @@ def compile_available(device_type: str) -> tuple[bool, str]:
 
 def compiled(fn, device_type: str):
     """torch.compile(fn) for tensors on `device_type`, or fn itself with one warning when no
-    compiler is available there or compiling fails. Shapes are static (one compile per shape: a
-    run has a few)."""
+    compiler is available there or compiling fails. Shapes: torch.compile's default (a second
+    shape recompiles with dynamic sizes, so a run compiles each function a few times at most)."""
     ok, why = compile_available(device_type)
     if not ok:
         _warn_once(fn, device_type, why)
@@ -130,19 +130,95 @@ def _warn_once(fn, device_type: str, why: str) -> None:
         warnings.warn(f"{fn.__name__}: {why}; running it eagerly (same numbers, slower)", stacklevel=3)
 
 
+RECOMPILE_LIMIT = 64  # formats x orientations x shapes of a run: more variants than dynamo's default 8
+
+
+def _limit_patch():
+    import torch._dynamo.config as cfg
+
+    key = "recompile_limit" if "recompile_limit" in cfg._config else "cache_size_limit"
+    return cfg.patch(**{key: RECOMPILE_LIMIT})
+
+
 @functools.cache
 def _compiled(fn, device_type: str):
-    inner = torch.compile(fn, dynamic=False, fullgraph=True)
+    inner = torch.compile(fn, fullgraph=True)
     failed: list[str] = []
 
     @functools.wraps(fn)
     def run(*args):
         if not failed:
             try:
-                return inner(*args)
+                with _limit_patch():  # scoped to these calls: the user's compiled code keeps its own
+                    return inner(*args)
             except Exception as e:  # noqa: BLE001 - a compiler failure must not stop a run
                 failed.append(f"torch.compile failed ({type(e).__name__}: {str(e)[:200]})")
                 _warn_once(fn, device_type, failed[0])
         return fn(*args)
 
     return run
+
+
+# ----------------------------------------------------------------------------------------------
+# Fused casts: the quantizers' elementwise stage (scale, saturate, round) and the GEMM operand in
+# one pass. The amax reductions and scale arithmetic before them stay the reference's own code;
+# each function here repeats the reference's operations in its order (tests check the bits).
+
+
+@functools.cache
+def _block_cast(dtype: torch.dtype, fmax: float):
+    def block_cast(blocks, scale, dec):
+        """(Mr, br, Kc, bc) values, (Mr, Kc) scale and dequantization factor -> FP8 codes and the
+        dequantized values in bf16 (exact for power-of-two factors)."""
+        v = blocks.float() * scale[:, None, :, None]  # fp32(x) * scale
+        q = v.clamp(-fmax, fmax).to(dtype)  # satfinite RNE (the clamp keeps NaN and -0.0)
+        return q, (q.float() * dec[:, None, :, None]).to(BF16)
+
+    return block_cast
+
+
+def cast_blocks(blocks: torch.Tensor, scale: torch.Tensor, dec: torch.Tensor, fmt):
+    """Fused blockwise/MXFP8 cast: (codes in blocks' shape, dequantized bf16 values)."""
+    return compiled(_block_cast(fmt.dtype, fmt.max), blocks.device.type)(blocks, scale, dec)
+
+
+@functools.cache
+def _tensor_cast(dtype: torch.dtype, fmax: float):
+    def tensor_cast(x2, scale):
+        """(M, K) values and a one-element scale -> FP8 codes and the codes in bf16."""
+        q = (x2.float() * scale).clamp(-fmax, fmax).to(dtype)
+        return q, q.to(BF16)
+
+    return tensor_cast
+
+
+def cast_tensor(x2: torch.Tensor, scale: torch.Tensor, fmt):
+    """Fused per-tensor cast: (codes (M, K), the codes as bf16)."""
+    return compiled(_tensor_cast(fmt.dtype, fmt.max), x2.device.type)(x2, scale)
+
+
+@functools.cache
+def _e2m1_cast(has_nan: bool, stochastic: bool):
+    def e2m1_cast(blocks, k, sf32, u):
+        """formats.e2m1_round of fp32(x * k), operation by operation, and (value x block scale) in
+        bf16. `u`: U[0, 1) per element for stochastic rounding (drawn by the caller)."""
+        v = blocks.float() * k[:, None, :, None]
+        if has_nan:
+            v = v.nan_to_num(nan=6.0)
+        v = v.clamp(-6.0, 6.0)
+        expo = (v.view(torch.int32) & 0x7F800000).clamp(min=0x3F800000)
+        step = (expo - (1 << 23)).view(torch.float32)  # 2^(e-1): the grid spacing at |v|
+        r = v / step  # exact: a power of two
+        r = (r + u).floor() if stochastic else r.round()
+        q = r * step
+        return q, (q * sf32[:, None, :, None]).to(BF16)
+
+    return e2m1_cast
+
+
+def cast_e2m1(blocks, k, sf32, has_nan: bool, generator=None, stochastic: bool = False):
+    """Fused NVFP4 element cast: (grid values in blocks' shape, fp32; value x E4M3 scale in bf16).
+    Stochastic rounding draws torch.rand(blocks.shape) from `generator` as the CUDA reference does."""
+    u = torch.rand(blocks.shape, generator=generator, device=blocks.device) if stochastic else None
+    fn = compiled(_e2m1_cast(has_nan, stochastic), blocks.device.type)
+    return fn(blocks, k, sf32, u)

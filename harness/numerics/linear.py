@@ -26,7 +26,7 @@ from harness import recipes
 from harness.config.schema import RecipeConfig
 from harness.numerics import fast
 from harness.numerics.context import NumericsContext
-from harness.numerics.quantizers import make_quantizer, quantize_pair
+from harness.numerics.quantizers import Quantizer, make_quantizer, quantize_pair
 
 BF16 = torch.bfloat16
 
@@ -81,6 +81,9 @@ class QuantizedLinear:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         use_fast = x.is_cuda if self.fast_gemm is None else self.fast_gemm
+        for qz in self.quantizers.values():
+            if isinstance(qz, Quantizer):  # built-in ones: fused casts with the fast GEMMs
+                qz.fused = use_fast
         return (_FastQuantizedLinearFn if use_fast else _QuantizedLinearFn).apply(x, weight, bias, self)
 
     def quantize_input(self, x2: torch.Tensor, need_columnwise: bool):

@@ -13,6 +13,7 @@ import functools
 
 import torch
 
+from harness.numerics import fast
 from harness.numerics.formats import E4M3, FLT_MAX, cast_fp8, e2m1_encode, e2m1_round, pack_fp4
 from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, round_up
 from harness.numerics.scaling import amax, const
@@ -99,8 +100,11 @@ def quantize_nvfp4(
     rht: bool = False,
     stochastic: bool = False,
     generator: torch.Generator | None = None,
+    fused: bool = False,
 ) -> NVFP4Quantized:
-    """One NVFP4 copy. `rht` applies to the columnwise copy only (as TE); x should be bf16 then."""
+    """One NVFP4 copy. `rht` applies to the columnwise copy only (as TE); x should be bf16 then.
+    `fused`: the element cast and the GEMM operand in one pass (harness.numerics.fast; same codes).
+    A CPU's stochastic rounding keeps the reference's own draws (formats.add_uniform_)."""
     x2 = as_2d(x)
     use_rht = rht and columnwise and not tile_2d
     src = rht_tokens(x2.to(torch.bfloat16)) if use_rht else x2  # (Mp|M, K)
@@ -116,8 +120,17 @@ def quantize_nvfp4(
     sf = cast_fp8(block_amax * (s_enc * const(1.0 / 6.0, s_enc)), E4M3, inplace=True)  # level-1 scale, E4M3
     sf32 = sf.float()
     k = torch.minimum(torch.div(const(1.0, sf32), sf32 * s_dec), const(FLT_MAX, sf32))  # (Mr, Kc)
-    v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
-    v = v.mul_(k[:, None, :, None])  # fp32(x * k)
-    q = e2m1_round(v, generator, stochastic, has_nan).view(blocks.shape[0] * br, -1)  # (Mp, Kp)
+    vals16 = None
+    if fused and not (stochastic and blocks.device.type == "cpu"):
+        q, vals16 = fast.cast_e2m1(blocks, k, sf32, has_nan, generator, stochastic)
+        q = q.view(blocks.shape[0] * br, -1)
+    else:
+        v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
+        v = v.mul_(k[:, None, :, None])  # fp32(x * k)
+        q = e2m1_round(v, generator, stochastic, has_nan).view(blocks.shape[0] * br, -1)  # (Mp, Kp)
     dec = (sf32 * amax_g) * const(1.0 / GLOBAL_MAX, sf32)  # TE's dequantize: sf * amax / 2688
-    return NVFP4Quantized(q, dec, sf, (br, bc), x.shape, columnwise, amax_g, use_rht)
+    out = NVFP4Quantized(q, dec, sf, (br, bc), x.shape, columnwise, amax_g, use_rht)
+    if vals16 is not None:
+        post = (amax_g * const(1.0 / GLOBAL_MAX, amax_g)).reshape(1)
+        out._gop = (vals16.view(q.shape)[: out.m, : out.k].reshape(x.shape), post)
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.numerics import fast
 from harness.numerics.formats import FP8Format, cast_fp8, fp8_to_float
 from harness.numerics.qtensor import Quantized, as_2d
 from harness.numerics.scaling import amax, reciprocal, scale_from_amax
@@ -61,16 +62,23 @@ def quantize_per_tensor(
     columnwise: bool = False,
     amax_: torch.Tensor | None = None,
     has_nan: bool | None = None,
+    fused: bool = False,
 ) -> PerTensorQuantized:
-    """q = satfinite_rne(fp32(x) * scale), scale_inv = 1/scale (delayed scaling's cast)."""
+    """q = satfinite_rne(fp32(x) * scale), scale_inv = 1/scale (delayed scaling's cast).
+    `fused`: the cast and the GEMM operand in one pass (harness.numerics.fast; same codes)."""
     x2 = as_2d(x)
     if amax_ is None or has_nan is None:
         amax_, has_nan = amax(x2)
     scale = scale.reshape(1).float()
-    q = cast_fp8(scaled_fp32(x2, scale), fmt, inplace=True)  # (M, K)
-    return PerTensorQuantized(
-        q, scale, reciprocal(scale), fmt, amax_.reshape(1), x.shape, columnwise, has_nan
-    )
+    q16 = None
+    if fused:
+        q, q16 = fast.cast_tensor(x2, scale, fmt)
+    else:
+        q = cast_fp8(scaled_fp32(x2, scale), fmt, inplace=True)  # (M, K)
+    out = PerTensorQuantized(q, scale, reciprocal(scale), fmt, amax_.reshape(1), x.shape, columnwise, has_nan)
+    if q16 is not None:
+        out._gop = (q16.reshape(x.shape), out.scale_inv.reshape(1))
+    return out
 
 
 def current_scale(amax_: torch.Tensor, fmt: FP8Format, *, power_2: bool, epsilon: float) -> torch.Tensor:
@@ -79,9 +87,15 @@ def current_scale(amax_: torch.Tensor, fmt: FP8Format, *, power_2: bool, epsilon
 
 
 def quantize_current(
-    x: torch.Tensor, fmt: FP8Format, *, power_2: bool = False, epsilon: float = 0.0, columnwise: bool = False
+    x: torch.Tensor,
+    fmt: FP8Format,
+    *,
+    power_2: bool = False,
+    epsilon: float = 0.0,
+    columnwise: bool = False,
+    fused: bool = False,
 ) -> PerTensorQuantized:
     """Tensorwise current scaling: amax of this tensor, then the per-tensor cast."""
     a, has_nan = amax(as_2d(x))
     scale = current_scale(a, fmt, power_2=power_2, epsilon=epsilon)
-    return quantize_per_tensor(x, fmt, scale, columnwise=columnwise, amax_=a, has_nan=has_nan)
+    return quantize_per_tensor(x, fmt, scale, columnwise=columnwise, amax_=a, has_nan=has_nan, fused=fused)

@@ -179,3 +179,34 @@ def test_fused_te_layernorm_is_the_eager_one_to_the_bit(hidden, rows):
     ref = te_layer_norm(x, w, b, 1e-5)
     got = te_layer_norm(x, w, b, 1e-5, fused=True)
     assert int((ref.view(torch.int32) != got.view(torch.int32)).sum()) == 0
+
+
+def _fused_pair(case, x, fused, seed=0):
+    from harness.numerics import make_quantizer
+
+    recipe, fields, role = CASES[case]
+    fields = dict(fields)
+    scale = fields.pop("scale", None)
+    cfg = resolve_recipe(recipe, **fields)
+    scale = None if scale is None else torch.tensor([scale])
+    qz = make_quantizer(cfg, role, scale=scale, generator=torch.Generator().manual_seed(seed))
+    qz.fused = fused
+    return [qz.quantize(x, c) for c in (False, True)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_casts_give_the_reference_codes_and_scales(case):
+    """The fused casts (torch.compile; inductor's C++ backend here) on the golden inputs: the
+    reference's codes, scale_inv and dequantization, and the reference's GEMM operand."""
+    subset = torch.load(SUBSET)
+    for inp in INPUTS:
+        x = subset[inp]["input"]
+        for ref, got in zip(_fused_pair(case, x, False), _fused_pair(case, x, True)):
+            assert torch.equal(ref.data, got.data), (inp, case)
+            assert torch.equal(ref.scale_inv, got.scale_inv), (inp, case)
+            assert torch.equal(ref.dequantize(), got.dequantize()), (inp, case)
+            rv, rp = ref.gemm_operand()
+            gv, gp = got.gemm_operand()
+            assert torch.equal(rv, gv) and (rp is None) == (gp is None), (inp, case)
+            assert rp is None or torch.equal(rp, gp)
