@@ -210,3 +210,21 @@ def test_fused_casts_give_the_reference_codes_and_scales(case):
             gv, gp = got.gemm_operand()
             assert torch.equal(rv, gv) and (rp is None) == (gp is None), (inp, case)
             assert rp is None or torch.equal(rp, gp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["blockwise", "nvfp4"])
+def test_fast_paths_train_the_golden_loss_curves(name, monkeypatch):
+    """gpt_tiny's golden runs with every fast path forced on a CPU (fused casts, GEMMs on the GEMM
+    operands): blockwise's curve to the bit (power-of-two scales); NVFP4's within 1e-3 (the global
+    factor applied to the GEMM's sum)."""
+    from harness.backends.emulated import EmulatedBackend
+    from tests.golden_losses import curve, read_curve
+
+    monkeypatch.setattr(EmulatedBackend, "fast_paths", True)
+    got, stored = curve(name), read_curve(name)
+    if name == "blockwise":
+        assert got == stored
+    else:
+        assert [s for s, _ in got] == [s for s, _ in stored]
+        assert max(abs(a - b) / abs(b) for (_, a), (_, b) in zip(got, stored)) < 1e-3
