@@ -36,7 +36,10 @@ def _mm_out_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """bf16 @ bf16 -> fp32 on CUDA: torch.mm(out_dtype=) where this torch has it, else TF32 on the
     fp32 upcasts (bf16 values are exact in TF32's 10-bit mantissa), scoped to this one call."""
     if _has_out_dtype():
-        return torch.mm(a, b, out_dtype=torch.float32)
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except RuntimeError:  # a layout this torch's out_dtype GEMM refuses: the TF32 route below
+            pass
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
