@@ -85,6 +85,12 @@ class NVFP4Quantized(BlockQuantized):
         return global_encode_scale(self.amax).reshape(())
 
 
+def _fused_draws_match(device: torch.device) -> bool:
+    """The fused cast draws torch.rand(v.shape) as the CUDA reference does; a CPU's reference draws
+    its own way (formats.add_uniform_), so stochastic rounding stays eager there."""
+    return device.type != "cpu"
+
+
 def global_encode_scale(amax_g: torch.Tensor) -> torch.Tensor:
     """S_enc = fl32(2688 / amax), capped at FLT_MAX; 1 when amax is 0 or the result is 0."""
     s = torch.div(const(GLOBAL_MAX, amax_g), amax_g)
@@ -121,7 +127,7 @@ def quantize_nvfp4(
     sf32 = sf.float()
     k = torch.minimum(torch.div(const(1.0, sf32), sf32 * s_dec), const(FLT_MAX, sf32))  # (Mr, Kc)
     vals16 = None
-    if fused and not (stochastic and blocks.device.type == "cpu"):
+    if fused and (not stochastic or _fused_draws_match(blocks.device)):
         q, vals16 = fast.cast_e2m1(blocks, k, sf32, has_nan, generator, stochastic)
         q = q.view(blocks.shape[0] * br, -1)
     else:

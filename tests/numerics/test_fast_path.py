@@ -228,3 +228,30 @@ def test_fast_paths_train_the_golden_loss_curves(name, monkeypatch):
     else:
         assert [s for s, _ in got] == [s for s, _ in stored]
         assert max(abs(a - b) / abs(b) for (_, a), (_, b) in zip(got, stored)) < 1e-3
+
+
+@pytest.mark.slow
+def test_fused_stochastic_rounding_draws_what_the_cuda_reference_draws(monkeypatch):
+    """CUDA's reference SR adds torch.rand(v.shape) to v/step; the fused cast draws the same tensor
+    from the same generator. Checked on a CPU with the reference's draw switched to CUDA's form."""
+    import harness.numerics.formats as formats
+    import harness.numerics.nvfp4 as nvfp4
+
+    cuda_draw = lambda t, g: t.add_(torch.rand(t.shape, generator=g, device=t.device))  # noqa: E731
+    monkeypatch.setattr(formats, "add_uniform_", cuda_draw)
+    monkeypatch.setattr(nvfp4, "_fused_draws_match", lambda device: True)
+    x = torch.load(SUBSET)["outliers"]["input"]
+    for columnwise in (False, True):
+        qs = [
+            nvfp4.quantize_nvfp4(
+                x,
+                columnwise=columnwise,
+                rht=True,
+                stochastic=True,
+                generator=torch.Generator().manual_seed(4),
+                fused=f,
+            )
+            for f in (False, True)
+        ]
+        assert torch.equal(qs[0].elems, qs[1].elems) and torch.equal(qs[0].data, qs[1].data)
+        assert torch.equal(qs[0].gemm_operand()[0], qs[1].gemm_operand()[0])
