@@ -17,9 +17,9 @@
      the GEMM then runs on the FP8 codes themselves) and NVFP4's global factor amax / 2688. This is
      the order TE's GEMM applies them (cuBLAS alpha), not the reference path's, which rounds each
      dequantized element to fp32 first: those two recipes' outputs differ from the reference by
-     that rounding, not only by accumulation order (numerics.md, "fast paths").
-3. `compiled(fn)`: torch.compile of a kernel-emulating function on CUDA (TE-order LayerNorm); eager
-   with one warning where triton or a compiler is missing.
+     that rounding, not only by accumulation order (docs/emulated_gpu.md has the table).
+3. `compiled(fn)`: torch.compile of a kernel-emulating function (the TE-order LayerNorm, the fused
+   casts below); eager with one warning where triton or a compiler is missing or compiling fails.
 """
 
 from __future__ import annotations
