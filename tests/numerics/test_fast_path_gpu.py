@@ -33,7 +33,7 @@ def _inputs():
         if path.is_file():
             out.append((f"golden-{i}", torch.load(path)["input"]))
     g = torch.Generator().manual_seed(3)
-    for kind, shape in (("normal", (384, 1024)), ("outliers", (256, 768)), ("decades", (512, 256))):
+    for kind, shape in (("outliers", (384, 1024)), ("decades", (512, 256))):
         out.append((f"{kind}-{shape[0]}x{shape[1]}", make_input(kind, shape, g)))
     out.append(("tiny-2048x2048", make_input("tiny", (2048, 2048), g)))
     return out
@@ -152,10 +152,9 @@ def test_bf16_wgrad_gemm_is_fp32_accurate():
     assert fast.mm(a.cuda(), b.cuda()).dtype == torch.float32
 
 
-@pytest.mark.parametrize(
-    ("hidden", "rows"), [(2048, 16384), (768, 2048), (4096, 2048), (256, 2048), (768, 2047)]
-)
+@pytest.mark.parametrize(("hidden", "rows"), [(2048, 16384), (4096, 2048), (768, 2047)])
 def test_fused_te_layernorm_is_the_eager_one_on_cuda(hidden, rows):
+    """The 1.4B shape (one warp a row), four warps with Chan's merge, the general kernel."""
     from harness.numerics.te_layernorm import te_layer_norm
 
     g = torch.Generator(device="cuda").manual_seed(hidden)
