@@ -68,7 +68,7 @@ def mm(
     Two bf16 operands on CUDA: a bf16 tensor-core GEMM with fp32 output. Otherwise torch's fp32
     GEMM on the same values (with bias and no alpha, the reference path's addmm). `alpha`: a
     one-element fp32 tensor applied to the fp32 result (the scales `gemm_operand` folds)."""
-    if a.is_cuda and a.dtype == BF16 and b.dtype == BF16:
+    if a.is_cuda and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
         y = _mm_out_fp32(a, b)
     elif bias is not None and alpha is None:
         return torch.addmm(bias.float(), a.float(), b.float())
@@ -94,7 +94,7 @@ def operand(q, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(values (rows, -1), post_scale) of a quantized copy, or of a plain tensor (bf16 stays bf16)."""
     if isinstance(q, torch.Tensor):
         t = q.reshape(rows, -1)
-        return (t if t.dtype == BF16 else t.float()), None
+        return (t if t.dtype == torch.bfloat16 else t.float()), None
     gemm_operand = getattr(q, "gemm_operand", None)
     if gemm_operand is None:  # a custom quantizer's result: its fp32 dequantization
         return q.dequantize().reshape(rows, -1).float(), None
