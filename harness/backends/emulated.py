@@ -24,7 +24,7 @@ from harness import recipes
 from harness.backends.base import Backend, BackendSpec
 from harness.backends.hooks import make_hook
 from harness.model import GPT, LayerNorm, bf16_values, norm
-from harness.numerics import NumericsContext, QuantizedLinear
+from harness.numerics import NumericsContext, QuantizedLinear, fast
 from harness.numerics.formats import E4M3, cast_fp8
 from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm
 
@@ -77,11 +77,13 @@ class _BF16LinearFP32WGrad(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dx = dy16 @ w16 if dy16.is_cuda else (dy16.float() @ w16.float()).to(BF16)
             dx = dx.to(ctx.x_dtype)
-        dy2 = dy16.reshape(-1, dy16.shape[-1]).float()
+        dy2 = dy16.reshape(-1, dy16.shape[-1])  # (M, N) bf16
         if ctx.needs_input_grad[1]:
-            dw = (dy2.t() @ x16.reshape(-1, x16.shape[-1]).float()).to(ctx.w_dtype)
+            # products of bf16 values are exact in fp32: on CUDA a bf16 tensor-core GEMM with fp32
+            # output, not an fp32 SIMT one on the upcasts; on a CPU the fp32 GEMM (fast.mm)
+            dw = fast.mm(dy2.t(), x16.reshape(-1, x16.shape[-1])).to(ctx.w_dtype)
         if ctx.b_dtype is not None and ctx.needs_input_grad[2]:
-            db = dy2.sum(0).to(BF16).to(ctx.b_dtype)
+            db = dy2.float().sum(0).to(BF16).to(ctx.b_dtype)
         return dx, dw, db
 
 
@@ -173,10 +175,10 @@ class _TEOrderLayerNorm(torch.autograd.Function):
     """Forward: TE's kernel order (harness.numerics.te_layernorm); backward: torch's layer_norm's."""
 
     @staticmethod
-    def forward(ctx, x, w, b, eps, fma):
+    def forward(ctx, x, w, b, eps, fma, fused):
         ctx.save_for_backward(x, w, b)
         ctx.eps = eps
-        return te_layer_norm(x, w, b, eps, fma)
+        return te_layer_norm(x, w, b, eps, fma, fused=fused)
 
     @staticmethod
     def backward(ctx, gy):
@@ -186,21 +188,24 @@ class _TEOrderLayerNorm(torch.autograd.Function):
             y = F.layer_norm(leaves[0], x.shape[-1:], leaves[1], leaves[2], ctx.eps)
             wanted = [t for t in leaves if t.requires_grad]
             grads = iter(torch.autograd.grad(y, wanted, gy) if wanted else ())
-        return *(next(grads) if t.requires_grad else None for t in leaves), None, None
+        return *(next(grads) if t.requires_grad else None for t in leaves), None, None, None
 
 
 class TEOrderLayerNorm(LayerNorm):
     """The model's LayerNorm (fp32 from bf16 values); on CUDA, where harness.numerics.te_layernorm
     covers TE's kernel for the shape, the forward reduces in that kernel's order, so that its output
     is TE's to the bit; elsewhere torch's layer_norm. `fma`: where that kernel fuses multiply-adds
-    (te_layernorm.FMA_SITES, settled on the H200)."""
+    (te_layernorm.FMA_SITES, settled on the H200). `fused`: through torch.compile (same numbers,
+    a few kernels instead of hundreds of launches); None = on CUDA (EmulatedBackend.fast_paths)."""
 
     fma = FMA_SITES
+    fused: bool | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias is not None and te_order_norm(x):
             w, b = bf16_values(self.weight), bf16_values(self.bias)
-            return _TEOrderLayerNorm.apply(x, w, b, self.eps, self.fma)
+            fused = x.is_cuda if self.fused is None else self.fused
+            return _TEOrderLayerNorm.apply(x, w, b, self.eps, self.fma, fused)
         return super().forward(x)
 
 
@@ -225,11 +230,19 @@ class EmulatedOps:
         return Activation(name, kind, self.backend.spec.optimizer.activation_func_fp8_input_store)
 
     def norm(self, name: str, cfg) -> nn.Module:
-        return norm(cfg, TEOrderLayerNorm)
+        module = norm(cfg, TEOrderLayerNorm)
+        if isinstance(module, TEOrderLayerNorm):
+            module.fused = self.backend.fast_paths
+        return module
 
 
 class EmulatedBackend(Backend):
+    """`fast_paths`: None (default) = the fast GEMMs on CUDA tensors and the fused TE-order
+    LayerNorm (CUDA only anyway); True = the fast GEMMs on a CPU too; False = the reference path
+    everywhere. Codes and scales are the same in all three (harness.numerics.fast)."""
+
     name = "emulated"
+    fast_paths: bool | None = None
 
     def __init__(self, spec: BackendSpec, device: torch.device):
         super().__init__(spec, device)
@@ -259,6 +272,7 @@ class EmulatedBackend(Backend):
                 fp8_wgrad=stab.fp8_wgrad,
                 margin=stab.fp8_margin,
                 wgrad_fp32=self.wgrad_fp32(name),
+                fast_gemm=self.fast_paths,
                 **fused_casts(name, recipe.name, self.spec.model.activation),
             )
         self.modules[name] = quant

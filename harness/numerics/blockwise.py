@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.numerics import fast
 from harness.numerics.formats import FP8Format, cast_fp8
 from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, pad_last
 from harness.numerics.scaling import amax, dtype_max, reciprocal, scale_from_amax
@@ -20,9 +21,10 @@ BLOCK = 128
 class BlockwiseQuantized(BlockQuantized):
     """Float8BlockwiseQTensor: rowwise/columnwise data and fp32 scale_inv in TE's GEMM layouts."""
 
-    def __init__(self, elems, dec, block, shape, columnwise, has_nan, fmt, scale, block_amax):
+    def __init__(self, elems, dec, block, shape, columnwise, has_nan, fmt, scale, block_amax, pow2=True):
         super().__init__(elems, dec, block, shape, columnwise, has_nan)
         self.fmt, self._scale, self.block_amax = fmt, scale, block_amax
+        self.exact_bf16 = pow2  # fp32 scales: dequantized values need fp32 (the fast GEMM keeps it)
 
     @property
     def tile_2d(self) -> bool:
@@ -64,8 +66,10 @@ def quantize_blockwise(
     columnwise: bool = False,
     power_2: bool = True,
     epsilon: float = 0.0,
+    fused: bool = False,
 ) -> BlockwiseQuantized:
-    """One copy of a block-scaled FP8 tensor (rowwise 1x128, columnwise 128x1, or 128x128 tiles)."""
+    """One copy of a block-scaled FP8 tensor (rowwise 1x128, columnwise 128x1, or 128x128 tiles).
+    `fused`: the cast and the GEMM operand in one pass (harness.numerics.fast; same codes)."""
     x2 = as_2d(x)
     if tile_2d:
         br, bc = BLOCK, BLOCK
@@ -77,9 +81,15 @@ def quantize_blockwise(
     scale = scale_from_amax(
         block_amax, fmt.max, power_2=power_2, epsilon=epsilon, value_for_inf=dtype_max(x.dtype)
     )
-    v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
-    v = v.mul_(scale[:, None, :, None])  # fp32(x) * scale, rounded to fp32
-    q = cast_fp8(v, fmt, inplace=True).view(xp.shape)  # (Mp, Kp)
-    return BlockwiseQuantized(
-        q, reciprocal(scale), (br, bc), x.shape, columnwise, has_nan, fmt, scale, block_amax
-    )
+    dec = reciprocal(scale)
+    if fused:
+        q, deq16 = fast.cast_blocks(blocks, scale, dec, fmt)
+        q = q.view(xp.shape)
+    else:
+        v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
+        v = v.mul_(scale[:, None, :, None])  # fp32(x) * scale, rounded to fp32
+        q = cast_fp8(v, fmt, inplace=True).view(xp.shape)  # (Mp, Kp)
+    out = BlockwiseQuantized(q, dec, (br, bc), x.shape, columnwise, has_nan, fmt, scale, block_amax, power_2)
+    if fused and power_2:
+        out._gop = (deq16.view(xp.shape)[: out.m, : out.k].reshape(x.shape), None)
+    return out

@@ -11,6 +11,11 @@ GEMM's fp32 result into `main_grad`; numerics.md section 1). With fp8_wgrad=Fals
 takes the bf16 operands instead. The weight's two copies are
 cached while bf16(W) is unchanged: TE (driven by Megatron's is_first_microbatch) quantizes W
 once per optimizer step, not once per micro-batch.
+
+`fast_gemm` (the default on CUDA) runs the three GEMMs on each copy's `gemm_operand()` instead:
+bf16 tensor-core GEMMs on values exact in bf16, with the scales that are not folded into the
+GEMM's fp32 result (harness.numerics.fast says which recipes that changes beyond accumulation
+order). Codes and scales are the same either way.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import torch
 
 from harness import recipes
 from harness.config.schema import RecipeConfig
+from harness.numerics import fast
 from harness.numerics.context import NumericsContext
-from harness.numerics.quantizers import make_quantizer, quantize_pair
+from harness.numerics.quantizers import Quantizer, make_quantizer, quantize_pair
 
 BF16 = torch.bfloat16
 
@@ -40,15 +46,18 @@ class QuantizedLinear:
         fused_grad_cast: bool = False,
         fp32_output: bool = False,
         wgrad_fp32: bool = False,
+        fast_gemm: bool | None = None,
     ):
         """`fused_input_cast` / `fused_grad_cast`: TE casts this GEMM's input (norm or activation
         output) / grad output (the activation's backward) to FP8 inside the kernel that computes it,
         straight from fp32, with no bf16 rounding first (RecipeSpec.fused_casts in harness.recipes).
         `fp32_output`: the output keeps fp32 storage (bf16 values) so that the activation after it
-        runs in fp32 and its backward hands back an unrounded gradient."""
+        runs in fp32 and its backward hands back an unrounded gradient. `fast_gemm`: GEMMs on
+        `gemm_operand()` values (harness.numerics.fast); None = on CUDA tensors only."""
         self.name, self.recipe, self.context, self.fp8_wgrad = name, recipe, context, fp8_wgrad
         self.fused_input_cast, self.fused_grad_cast = fused_input_cast, fused_grad_cast
         self.fp32_output, self.wgrad_fp32 = fp32_output, wgrad_fp32
+        self.fast_gemm = fast_gemm
         self.calls = 0
         self._weight_cache: tuple | None = None
         if recipes.get(recipe.name).delayed_scaling:
@@ -71,7 +80,11 @@ class QuantizedLinear:
         )
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _QuantizedLinearFn.apply(x, weight, bias, self)
+        use_fast = x.is_cuda if self.fast_gemm is None else self.fast_gemm
+        for qz in self.quantizers.values():
+            if isinstance(qz, Quantizer):  # built-in ones: fused casts with the fast GEMMs
+                qz.fused = use_fast
+        return (_FastQuantizedLinearFn if use_fast else _QuantizedLinearFn).apply(x, weight, bias, self)
 
     def quantize_input(self, x2: torch.Tensor, need_columnwise: bool):
         row, col = quantize_pair(self.quantizers["input"], x2, True, need_columnwise)
@@ -103,6 +116,7 @@ class QuantizedLinear:
         q = self.quantizers
         extra = "" if self.fp8_wgrad else ", wgrad=bf16"
         extra += ", dW fp32" if self.wgrad_fp32 else ""
+        extra += {None: "", True: ", fast GEMM", False: ", reference GEMM"}[self.fast_gemm]
         fused = [r for r, f in (("input", self.fused_input_cast), ("grad", self.fused_grad_cast)) if f]
         extra += f", fused fp32 cast={'+'.join(fused)}" if fused else ""
         return f"{self.recipe.name}(input={q['input']!r}, weight={q['weight']!r}, grad={q['grad']!r}{extra})"
@@ -152,6 +166,55 @@ class _QuantizedLinearFn(torch.autograd.Function):
             dy_w = _deq2d(dyc, dy2.shape[0]) if fp8_dw else dy2.float()
             x_w = x_saved.float()
             dw = dy_w.t() @ x_w  # (N, K), fp32
+            dw = (dw if mod.wgrad_fp32 else dw.to(BF16)).to(ctx.w_dtype)
+        if need_db and ctx.b_dtype is not None:
+            db = dy2.float().sum(0).to(BF16).to(ctx.b_dtype)  # dbias from the unquantized grad
+        if ctx.first:
+            mod.context.update_backward()  # after the last backward of this forward (TE)
+        return dx, dw, db, None
+
+
+class _FastQuantizedLinearFn(torch.autograd.Function):
+    """_QuantizedLinearFn's operands and order, GEMMs on `gemm_operand()` (harness.numerics.fast)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mod: QuantizedLinear):
+        mod.calls += 1
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        x2 = x.reshape(-1, x.shape[-1])  # (M, K)
+        x2 = x2.float() if mod.fused_input_cast else x2.to(BF16)
+        xr, xc = mod.quantize_input(x2, need_dw and mod.fp8_wgrad)
+        wr, wc = mod.quantize_weight(weight, need_dx)
+        m, n = x2.shape[0], weight.shape[0]
+        (xa, xs), (wa, ws) = fast.operand(xr, m), fast.operand(wr, n)  # (M, K), (N, K)
+        b = bias.to(BF16) if bias is not None else None
+        y = fast.mm(xa, wa.t(), fast.alpha_of(xs, ws), b)  # (M, N) fp32
+        xw, xws = fast.operand(xc if xc is not None else x2.to(BF16), m) if need_dw else (None, None)
+        wd, wds = fast.operand(wc, n) if need_dx else (None, None)
+        ctx.save_for_backward(xw, xws, wd, wds)
+        ctx.mod, ctx.x_dtype, ctx.x_shape = mod, x.dtype, x.shape
+        ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype if bias is not None else None
+        ctx.first = mod.context.claim_first()
+        y = y.to(BF16).float() if mod.fp32_output else y.to(BF16)
+        return y.view(*x.shape[:-1], n)
+
+    @staticmethod
+    def backward(ctx, dy):
+        mod: QuantizedLinear = ctx.mod
+        xw, xws, wd, wds = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (M, N)
+        dy2 = dy2.float() if mod.fused_grad_cast else dy2.to(BF16)
+        m = dy2.shape[0]
+        fp8_dw = need_dw and mod.fp8_wgrad
+        dyr, dyc = mod.quantize_grad(dy2, True, fp8_dw)
+        dx = dw = db = None
+        if need_dx:
+            da, das = fast.operand(dyr, m)
+            dx = fast.mm(da, wd, fast.alpha_of(das, wds)).to(BF16).to(ctx.x_dtype).view(ctx.x_shape)
+        if need_dw:
+            dwa, dws = fast.operand(dyc if fp8_dw else dy2, m)
+            dw = fast.mm(dwa.t(), xw, fast.alpha_of(dws, xws))  # (N, K), fp32
             dw = (dw if mod.wgrad_fp32 else dw.to(BF16)).to(ctx.w_dtype)
         if need_db and ctx.b_dtype is not None:
             db = dy2.float().sum(0).to(BF16).to(ctx.b_dtype)  # dbias from the unquantized grad

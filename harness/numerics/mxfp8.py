@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.numerics import fast
 from harness.numerics.formats import FP8Format, cast_fp8, e8m0_decode, e8m0_encode, e8m0_quant_scale
 from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, round_up
 from harness.numerics.scaling import amax, const
@@ -47,14 +48,22 @@ class MXFP8Quantized(BlockQuantized):
         return e8m0_quant_scale(self.e8m0.flatten()[torch.argmax(self.e8m0.flatten())])
 
 
-def quantize_mxfp8(x: torch.Tensor, fmt: FP8Format, *, columnwise: bool = False) -> MXFP8Quantized:
-    """One MXFP8 copy: 1x32 blocks along rows, or 32x1 along columns when columnwise."""
+def quantize_mxfp8(
+    x: torch.Tensor, fmt: FP8Format, *, columnwise: bool = False, fused: bool = False
+) -> MXFP8Quantized:
+    """One MXFP8 copy: 1x32 blocks along rows, or 32x1 along columns when columnwise.
+    `fused`: the cast and the GEMM operand in one pass (harness.numerics.fast; same codes)."""
     x2 = as_2d(x)
     br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
     xp = pad2d(x2, br, bc)  # (Mp, Kp); TE itself requires both dims divisible by 32
     blocks = block_view(xp, br, bc)  # (Mr, br, Kc, bc)
     block_amax, has_nan = amax(blocks, dim=(1, 3))  # (Mr, Kc)
     e = e8m0_encode(block_amax * const(1.0 / fmt.max, block_amax))  # multiply by fl32(1/fp8max)
+    if fused:
+        q, deq16 = fast.cast_blocks(blocks, e8m0_quant_scale(e), e8m0_decode(e), fmt)
+        out = MXFP8Quantized(q.view(xp.shape), e, (br, bc), x.shape, columnwise, has_nan, fmt)
+        out._gop = (deq16.view(xp.shape)[: out.m, : out.k].reshape(x.shape), None)
+        return out
     v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
     v = v.mul_(e8m0_quant_scale(e)[:, None, :, None])
     q = cast_fp8(v, fmt, inplace=True).view(xp.shape)

@@ -13,6 +13,7 @@ import functools
 
 import torch
 
+from harness.numerics import fast
 from harness.numerics.formats import E4M3, FLT_MAX, cast_fp8, e2m1_encode, e2m1_round, pack_fp4
 from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, round_up
 from harness.numerics.scaling import amax, const
@@ -47,6 +48,13 @@ class NVFP4Quantized(BlockQuantized):
         super().__init__(elems, dec, block, shape, columnwise)
         self.sf, self.amax, self.rht = sf, amax_.reshape(1), rht
 
+    def _gemm_operand(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """E2M1 x E4M3 block scale (exact in bf16), the global amax / 2688 folded into the GEMM."""
+        blocks = block_view(self.elems, *self.block)  # (Mr, br, Kc, bc)
+        vals = (blocks * self.sf.float()[:, None, :, None]).view(self.elems.shape)[: self.m, : self.k]
+        post = self.amax * const(1.0 / GLOBAL_MAX, self.amax)
+        return vals.to(torch.bfloat16).reshape(self.shape), post.reshape(1)
+
     @property
     def data(self) -> torch.Tensor:
         """Rowwise (M, K/2); columnwise (K, M/2) from the transposed codes; two codes per byte."""
@@ -77,6 +85,12 @@ class NVFP4Quantized(BlockQuantized):
         return global_encode_scale(self.amax).reshape(())
 
 
+def _fused_draws_match(device: torch.device) -> bool:
+    """The fused cast draws torch.rand(v.shape) as the CUDA reference does; a CPU's reference draws
+    its own way (formats.add_uniform_), so stochastic rounding stays eager there."""
+    return device.type != "cpu"
+
+
 def global_encode_scale(amax_g: torch.Tensor) -> torch.Tensor:
     """S_enc = fl32(2688 / amax), capped at FLT_MAX; 1 when amax is 0 or the result is 0."""
     s = torch.div(const(GLOBAL_MAX, amax_g), amax_g)
@@ -92,8 +106,11 @@ def quantize_nvfp4(
     rht: bool = False,
     stochastic: bool = False,
     generator: torch.Generator | None = None,
+    fused: bool = False,
 ) -> NVFP4Quantized:
-    """One NVFP4 copy. `rht` applies to the columnwise copy only (as TE); x should be bf16 then."""
+    """One NVFP4 copy. `rht` applies to the columnwise copy only (as TE); x should be bf16 then.
+    `fused`: the element cast and the GEMM operand in one pass (harness.numerics.fast; same codes).
+    A CPU's stochastic rounding keeps the reference's own draws (formats.add_uniform_)."""
     x2 = as_2d(x)
     use_rht = rht and columnwise and not tile_2d
     src = rht_tokens(x2.to(torch.bfloat16)) if use_rht else x2  # (Mp|M, K)
@@ -109,8 +126,17 @@ def quantize_nvfp4(
     sf = cast_fp8(block_amax * (s_enc * const(1.0 / 6.0, s_enc)), E4M3, inplace=True)  # level-1 scale, E4M3
     sf32 = sf.float()
     k = torch.minimum(torch.div(const(1.0, sf32), sf32 * s_dec), const(FLT_MAX, sf32))  # (Mr, Kc)
-    v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
-    v = v.mul_(k[:, None, :, None])  # fp32(x * k)
-    q = e2m1_round(v, generator, stochastic, has_nan).view(blocks.shape[0] * br, -1)  # (Mp, Kp)
+    vals16 = None
+    if fused and (not stochastic or _fused_draws_match(blocks.device)):
+        q, vals16 = fast.cast_e2m1(blocks, k, sf32, has_nan, generator, stochastic)
+        q = q.view(blocks.shape[0] * br, -1)
+    else:
+        v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
+        v = v.mul_(k[:, None, :, None])  # fp32(x * k)
+        q = e2m1_round(v, generator, stochastic, has_nan).view(blocks.shape[0] * br, -1)  # (Mp, Kp)
     dec = (sf32 * amax_g) * const(1.0 / GLOBAL_MAX, sf32)  # TE's dequantize: sf * amax / 2688
-    return NVFP4Quantized(q, dec, sf, (br, bc), x.shape, columnwise, amax_g, use_rht)
+    out = NVFP4Quantized(q, dec, sf, (br, bc), x.shape, columnwise, amax_g, use_rht)
+    if vals16 is not None:
+        post = (amax_g * const(1.0 / GLOBAL_MAX, amax_g)).reshape(1)
+        out._gop = (vals16.view(q.shape)[: out.m, : out.k].reshape(x.shape), post)
+    return out

@@ -51,6 +51,7 @@ class Quantized:
     amax: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     _deq: torch.Tensor | None = None
+    _gop: tuple | None = None
     _source: Quantized | None = None  # set on a twin copy that shares another's codes
 
     def dequantize(self) -> torch.Tensor:
@@ -62,6 +63,18 @@ class Quantized:
 
     def _dequantize(self) -> torch.Tensor:
         raise NotImplementedError
+
+    def gemm_operand(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(values, post_scale) for the fast GEMM (harness.numerics.fast): values in x's shape and
+        orientation, exact in their dtype (bf16 where every dequantized value is), post_scale a
+        one-element fp32 tensor or None; values @ B * post_scale is this copy's GEMM (cached)."""
+        if self._gop is None:
+            src = self._source
+            self._gop = src.gemm_operand() if src is not None else self._gemm_operand()
+        return self._gop
+
+    def _gemm_operand(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.dequantize(), None
 
     @property
     def data(self) -> torch.Tensor:
@@ -107,6 +120,14 @@ class BlockQuantized(Quantized):
         dec = dec[:, None, :, None]
         out = blocks.mul_(dec) if vals is not self.elems else blocks * dec  # in place when fresh
         return out.view(self.elems.shape)[: self.m, : self.k]
+
+    exact_bf16 = True  # every dequantized value is exact in bf16 (power-of-two block scales)
+
+    def _gemm_operand(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.exact_bf16:
+            return self.dequantize(), None
+        deq = self._deq if self._deq is not None else self._dequantize().reshape(self.shape)
+        return deq.to(torch.bfloat16), None
 
     def _codes_2d(self) -> torch.Tensor:
         """Element codes as uint8 (M, K), unpadded, x's orientation."""

@@ -35,9 +35,11 @@ def twin(q: Quantized, columnwise: bool) -> Quantized:
 
 
 class Quantizer:
-    """Base: subclasses implement `quantize`; `shared_copies` says the copies are transposes."""
+    """Base: subclasses implement `quantize`; `shared_copies` says the copies are transposes.
+    `fused`: cast and GEMM operand in one pass (harness.numerics.fast), same codes and scales."""
 
     shared_copies = False
+    fused = False
 
     def quantize(self, x: torch.Tensor, columnwise: bool = False) -> Quantized:
         raise NotImplementedError
@@ -58,7 +60,9 @@ class CurrentScalingQuantizer(Quantizer):
     def quantize(self, x, columnwise=False):
         a, has_nan = amax(x)
         scale = current_scale(a, self.fmt, power_2=self.power_2, epsilon=self.epsilon)
-        return quantize_per_tensor(x, self.fmt, scale, columnwise=columnwise, amax_=a, has_nan=has_nan)
+        return quantize_per_tensor(
+            x, self.fmt, scale, columnwise=columnwise, amax_=a, has_nan=has_nan, fused=self.fused
+        )
 
     def __repr__(self):
         return f"CurrentScaling({self.fmt}, pow2={self.power_2}, eps={self.epsilon})"
@@ -77,7 +81,7 @@ class DelayedScalingQuantizer(Quantizer):
         if self.record is not None:
             self.record(a)
         return quantize_per_tensor(
-            x, self.fmt, self.get_scale(), columnwise=columnwise, amax_=a, has_nan=has_nan
+            x, self.fmt, self.get_scale(), columnwise=columnwise, amax_=a, has_nan=has_nan, fused=self.fused
         )
 
     def __repr__(self):
@@ -97,6 +101,7 @@ class BlockwiseQuantizer(Quantizer):
             columnwise=columnwise,
             power_2=self.power_2,
             epsilon=self.epsilon,
+            fused=self.fused,
         )
 
     def __repr__(self):
@@ -108,7 +113,7 @@ class MXFP8Quantizer(Quantizer):
         self.fmt = fmt
 
     def quantize(self, x, columnwise=False):
-        return quantize_mxfp8(x, self.fmt, columnwise=columnwise)
+        return quantize_mxfp8(x, self.fmt, columnwise=columnwise, fused=self.fused)
 
     def __repr__(self):
         return f"MXFP8({self.fmt}, 1x32, E8M0)"
@@ -127,6 +132,7 @@ class NVFP4Quantizer(Quantizer):
             rht=self.rht,
             stochastic=self.stochastic,
             generator=self.generator,
+            fused=self.fused,
         )
 
     def __repr__(self):

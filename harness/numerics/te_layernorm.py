@@ -34,6 +34,8 @@ import functools
 
 import torch
 
+from harness.numerics import fast
+
 # hidden -> (WARPS_M, WARPS_N, BYTES_PER_LDG), CTAS_PER_ROW = 1: ln_fwd_cuda_kernel.cu's tuned launchers
 # for a bf16 input (bf16 or fp8 output, fp32 compute). 3840 (BYTES_PER_LDG 4) is left out: its means
 # did not match TE's on the H200 (te_layernorm_probe.json), so torch's layer_norm serves it.
@@ -154,8 +156,14 @@ def _value_columns(
 
 
 @torch.no_grad()
-def te_layer_norm_stats(x: torch.Tensor, fma: frozenset = FMA_SITES) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, M2) per row of a [rows, hidden] tensor of bf16 values, reduced in TE's order."""
+def te_layer_norm_stats(
+    x: torch.Tensor, fma: frozenset = FMA_SITES, fused: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, M2) per row of a [rows, hidden] tensor of bf16 values, reduced in TE's order.
+
+    `fused`: the same operations through torch.compile (a few kernels instead of several hundred
+    launches; the same numbers, which tests/numerics/test_te_layernorm.py checks on a CPU and
+    test_fast_path_gpu.py on CUDA)."""
     rows, hidden = x.shape
     layout = kernel_layout(hidden, rows)
     if layout is None:
@@ -164,14 +172,28 @@ def te_layer_norm_stats(x: torch.Tensor, fma: frozenset = FMA_SITES) -> tuple[to
         )
     _, wn, ne, ldgs = layout
     col, valid = _value_columns(hidden, wn, ne, ldgs, str(x.device))
+    stats = fast.compiled(_stats, x.device.type) if fused else _stats
+    n = ldgs * ne * 32  # values per warp
+    rn = _f32(1.0 / hidden) if wn == 1 else _f32(1.0 / n)
+    return stats(x, col, valid, wn, n, rn, tuple(sorted(fma)))
+
+
+def _stats(x, col, valid, wn: int, n: int, rn: float, fma) -> tuple[torch.Tensor, torch.Tensor]:
+    """One warp's statistics (WARPS_N = 1), or each warp's merged by Chan's update; rn = 1/values."""
+    rows = x.shape[0]
     xp = torch.cat([x.float(), x.new_zeros(rows, 1, dtype=torch.float32)], dim=1)
-    xv = xp[:, col]
-    rn = _f32(1.0 / hidden)
+    xv = xp[:, col]  # (rows, WARPS_N, 32, LDGS * NUM_ELTS)
     if wn == 1:
         return _warp_stats(xv[:, 0], valid[0], rn, fma)
-    n = ldgs * ne * 32
-    mw, m2w = _warp_stats(xv, valid, _f32(1.0 / n), fma)
+    mw, m2w = _warp_stats(xv, valid, rn, fma)
     return _chan_merge(mw, m2w, float(n))
+
+
+def _output(x2, mu, rs, weight, bias, fma) -> torch.Tensor:
+    y = rs[:, None] * (x2 - mu[:, None])
+    g = weight.float().expand_as(y)
+    b = torch.zeros_like(y) if bias is None else bias.float().expand_as(y)
+    return _mul_add(g, y, b, "out", fma)
 
 
 @torch.no_grad()
@@ -182,21 +204,24 @@ def te_layer_norm(
     eps: float,
     fma: frozenset = FMA_SITES,
     stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+    fused: bool = False,
 ) -> torch.Tensor:
     """TE's fp32 norm output (before its bf16 or FP8 cast) for x [..., hidden] of bf16 values.
 
-    ``stats``: (mu, rsigma) to use instead of computing them (the probe isolates the output step)."""
+    ``stats``: (mu, rsigma) to use instead of computing them (the probe isolates the output step).
+    ``fused``: the statistics and the output step through torch.compile (te_layer_norm_stats)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()
-    mu, rs = te_rsigma(x2, eps, fma) if stats is None else (s.reshape(-1).float() for s in stats)
-    y = rs[:, None] * (x2 - mu[:, None])
-    g = weight.float().expand_as(y)
-    b = torch.zeros_like(y) if bias is None else bias.float().expand_as(y)
-    return _mul_add(g, y, b, "out", fma).reshape(shape)
+    mu, rs = te_rsigma(x2, eps, fma, fused) if stats is None else (s.reshape(-1).float() for s in stats)
+    out = fast.compiled(_output, x.device.type) if fused else _output
+    return out(x2, mu, rs, weight, bias, tuple(sorted(fma))).reshape(shape)
 
 
-def te_rsigma(x: torch.Tensor, eps: float, fma: frozenset = FMA_SITES) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mu, rsigma) of x [rows, hidden], as TE's layernorm_fwd returns them."""
-    mu, m2 = te_layer_norm_stats(x, fma)
+def te_rsigma(
+    x: torch.Tensor, eps: float, fma: frozenset = FMA_SITES, fused: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mu, rsigma) of x [rows, hidden], as TE's layernorm_fwd returns them. rsqrt stays eager in
+    the fused path too: torch's CUDA rsqrt is the function matched against TE's rsqrtf."""
+    mu, m2 = te_layer_norm_stats(x, fma, fused)
     rn = torch.full_like(m2, _f32(1.0 / x.shape[-1]))
     return mu, torch.rsqrt(_mul_add(rn, m2, torch.full_like(m2, _f32(eps)), "rs", fma))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.numerics import fast
 from harness.numerics.formats import FP8Format, cast_fp8, fp8_to_float
 from harness.numerics.qtensor import Quantized, as_2d
 from harness.numerics.scaling import amax, reciprocal, scale_from_amax
@@ -30,6 +31,10 @@ class PerTensorQuantized(Quantized):
     def _dequantize(self) -> torch.Tensor:
         vals, factor = fp8_to_float(self.q, self.has_nan)
         return vals.mul_(self._scale_inv * factor if factor != 1.0 else self._scale_inv)
+
+    def _gemm_operand(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The FP8 codes themselves (exact in bf16), scale_inv folded into the GEMM (as TE's alpha)."""
+        return self.q.to(torch.bfloat16).reshape(self.shape), self._scale_inv.reshape(1)
 
     @property
     def data(self) -> torch.Tensor:
@@ -57,16 +62,23 @@ def quantize_per_tensor(
     columnwise: bool = False,
     amax_: torch.Tensor | None = None,
     has_nan: bool | None = None,
+    fused: bool = False,
 ) -> PerTensorQuantized:
-    """q = satfinite_rne(fp32(x) * scale), scale_inv = 1/scale (delayed scaling's cast)."""
+    """q = satfinite_rne(fp32(x) * scale), scale_inv = 1/scale (delayed scaling's cast).
+    `fused`: the cast and the GEMM operand in one pass (harness.numerics.fast; same codes)."""
     x2 = as_2d(x)
     if amax_ is None or has_nan is None:
         amax_, has_nan = amax(x2)
     scale = scale.reshape(1).float()
-    q = cast_fp8(scaled_fp32(x2, scale), fmt, inplace=True)  # (M, K)
-    return PerTensorQuantized(
-        q, scale, reciprocal(scale), fmt, amax_.reshape(1), x.shape, columnwise, has_nan
-    )
+    q16 = None
+    if fused:
+        q, q16 = fast.cast_tensor(x2, scale, fmt)
+    else:
+        q = cast_fp8(scaled_fp32(x2, scale), fmt, inplace=True)  # (M, K)
+    out = PerTensorQuantized(q, scale, reciprocal(scale), fmt, amax_.reshape(1), x.shape, columnwise, has_nan)
+    if q16 is not None:
+        out._gop = (q16.reshape(x.shape), out.scale_inv.reshape(1))
+    return out
 
 
 def current_scale(amax_: torch.Tensor, fmt: FP8Format, *, power_2: bool, epsilon: float) -> torch.Tensor:
@@ -75,9 +87,15 @@ def current_scale(amax_: torch.Tensor, fmt: FP8Format, *, power_2: bool, epsilon
 
 
 def quantize_current(
-    x: torch.Tensor, fmt: FP8Format, *, power_2: bool = False, epsilon: float = 0.0, columnwise: bool = False
+    x: torch.Tensor,
+    fmt: FP8Format,
+    *,
+    power_2: bool = False,
+    epsilon: float = 0.0,
+    columnwise: bool = False,
+    fused: bool = False,
 ) -> PerTensorQuantized:
     """Tensorwise current scaling: amax of this tensor, then the per-tensor cast."""
     a, has_nan = amax(as_2d(x))
     scale = current_scale(a, fmt, power_2=power_2, epsilon=epsilon)
-    return quantize_per_tensor(x, fmt, scale, columnwise=columnwise, amax_=a, has_nan=has_nan)
+    return quantize_per_tensor(x, fmt, scale, columnwise=columnwise, amax_=a, has_nan=has_nan, fused=fused)

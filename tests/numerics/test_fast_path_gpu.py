@@ -1,0 +1,166 @@
+"""The emulator's CUDA fast paths against the reference path, bit for bit where it must be.
+
+Codes and scales: CUDA's fused casts (torch.compile -> triton) against the CPU reference on the
+golden inputs and random shapes, atol=0 (the CPU golden tests cannot see a CUDA-only path); where
+the reference itself draws CUDA random numbers (NVFP4 stochastic rounding) or runs CUDA's matmul
+(the RHT), against the CUDA reference path. GEMMs: the bf16 tensor-core GEMMs against the CPU
+reference's within the fp32 accumulation-order bound. The fused TE-order LayerNorm: the eager one's
+bits on CUDA (the eager one is TE's to the bit, test_te_layernorm_gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.numerics import NumericsContext, QuantizedLinear, fast, make_quantizer, resolve_recipe
+from tests.helpers import needs_cuda
+from tests.numerics.golden_subset import FULL, INPUTS, SUBSET
+from tests.numerics.references.inputs import make_input
+from tests.numerics.test_fast_path import CASES
+
+pytestmark = [pytest.mark.gpu, needs_cuda]
+
+BF16 = torch.bfloat16
+CUDA_RANDOM = {"nvfp4_rht_sr"}  # its columnwise copy draws CUDA random numbers
+
+
+def _inputs():
+    subset = torch.load(SUBSET)
+    out = [(f"golden-tile-{i}", subset[i]["input"]) for i in INPUTS]
+    for i in INPUTS:
+        path = FULL / f"te-golden-bf16-{i}.pt"
+        if path.is_file():
+            out.append((f"golden-{i}", torch.load(path)["input"]))
+    g = torch.Generator().manual_seed(3)
+    for kind, shape in (("outliers", (384, 1024)), ("decades", (512, 256))):
+        out.append((f"{kind}-{shape[0]}x{shape[1]}", make_input(kind, shape, g)))
+    out.append(("tiny-2048x2048", make_input("tiny", (2048, 2048), g)))
+    return out
+
+
+def _quantize(case, x, fused, generator):
+    recipe, fields, role = CASES[case]
+    fields = dict(fields)
+    scale = fields.pop("scale", None)
+    scale = None if scale is None else torch.tensor([scale], device=x.device)
+    qz = make_quantizer(resolve_recipe(recipe, **fields), role, scale=scale, generator=generator)
+    qz.fused = fused
+    return [qz.quantize(x, c) for c in (False, True)]
+
+
+def _same(a, b, what):
+    """Bit patterns equal (NaN codes included)."""
+    a, b = a.cpu(), b.cpu()
+    assert a.shape == b.shape and a.dtype == b.dtype, what
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16}.get(a.dtype)
+    n = int((a.view(bits) != b.view(bits)).sum()) if bits else int((a != b).sum())
+    assert n == 0, f"{what}: {n} differing elements"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_cuda_codes_are_the_reference_codes(case):
+    failures = []
+    for label, x in _inputs():
+        g_ref = torch.Generator(device="cuda" if case in CUDA_RANDOM else "cpu").manual_seed(11)
+        ref_x = x.cuda() if case in CUDA_RANDOM else x
+        ref = _quantize(case, ref_x, False, g_ref)
+        got = _quantize(case, x.cuda(), True, torch.Generator(device="cuda").manual_seed(11))
+        for orient, r, f in zip(("rowwise", "columnwise"), ref, got):
+            if case.startswith("nvfp4") and orient == "columnwise" and case != "nvfp4_2d":
+                r = _quantize(case, x.cuda(), False, torch.Generator(device="cuda").manual_seed(11))[1]
+            try:
+                _same(r.data, f.data, f"{label} {orient} data")
+                _same(r.scale_inv, f.scale_inv, f"{label} {orient} scale_inv")
+                rv, rp = r.gemm_operand()
+                fv, fp = f.gemm_operand()
+                _same(rv, fv, f"{label} {orient} GEMM operand")
+                assert (rp is None) == (fp is None)
+                if rp is not None:
+                    _same(rp, fp, f"{label} {orient} post scale")
+            except AssertionError as e:
+                failures.append(str(e))
+    assert not failures, f"{case}: " + "; ".join(failures[:6])
+
+
+@pytest.mark.parametrize("case", ["nvfp4_1d", "nvfp4_rht_sr"])
+def test_rht_copy_on_cuda_is_the_cpu_one(case):
+    """The RHT columnwise copy's codes on CUDA (no stochastic rounding) against the CPU's: both
+    multiply bf16 values by +-1/4 and sum 16 of them in fp32, in torch's matmul order on each."""
+    recipe = resolve_recipe("nvfp4", disable_stochastic_rounding=True)
+    qz_cpu, qz_gpu = (make_quantizer(recipe, CASES[case][2]) for _ in range(2))
+    qz_gpu.fused = True
+    for label, x in _inputs():
+        _same(qz_cpu.quantize(x, True).data, qz_gpu.quantize(x.cuda(), True).data, f"{label} RHT copy")
+
+
+def _linear(name, device, fast_gemm, ops, **fields):
+    if name == "nvfp4":  # CPU and CUDA random numbers differ; the RHT copies: their own test
+        fields = {**fields, "disable_stochastic_rounding": True, "disable_rht": True}
+    recipe = resolve_recipe(name, **fields)
+    ctx = NumericsContext(device)
+    lin = QuantizedLinear("blocks.0.mlp.fc1", recipe, ctx, fast_gemm=fast_gemm, wgrad_fp32=True)
+    x, w, b, dy = (t.to(device) for t in ops)
+    x = x.clone().requires_grad_()
+    w, b = torch.nn.Parameter(w.clone()), torch.nn.Parameter(b.clone())
+    y = lin.linear(x, w, b)
+    y.backward(dy)
+    return [t.detach().cpu().float() for t in (y, x.grad, w.grad)]
+
+
+def _ops(m=1024, k=768, n=512):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=g) * 10 ** (torch.rand(m, k, generator=g) * 4 - 2)
+    w = torch.randn(n, k, generator=g) * 0.05
+    b = torch.randn(n, generator=g)
+    dy = (torch.randn(m, n, generator=g) * 1e-4).to(BF16)
+    return x, w, b, dy
+
+
+LINEAR_CASES = [
+    ("blockwise", {}),
+    ("mxfp8", {}),
+    ("tensorwise", {}),
+    ("tensorwise", {"power_2_scales": True}),
+    ("nvfp4", {}),
+]
+
+
+@pytest.mark.parametrize(("name", "fields"), LINEAR_CASES)
+def test_cuda_fast_linear_against_the_cpu_reference(name, fields):
+    """y, dx (bf16) and dW (fp32) of the CUDA fast path against the CPU reference path: the sums
+    of the same exact products in another order, so |diff| <= K * 2^-23 * sum|a||b| (+ one bf16
+    rounding of the result); folded scales (tensorwise fp32, NVFP4) add one rounding per product."""
+    ops = _ops()
+    ref = _linear(name, "cpu", False, ops, **fields)
+    got = _linear(name, "cuda", True, ops, **fields)
+    k_of = {"y": ops[0].shape[1], "dx": ops[1].shape[0], "dW": ops[0].shape[0]}
+    for r, f, what in zip(ref, got, ("y", "dx", "dW")):
+        bound = 2.0**-7 * r.abs() + k_of[what] * 2.0**-22 * r.abs().max()
+        bad = int(((r - f).abs() > bound).sum())
+        assert bad == 0, f"{name} {what}: {bad} elements beyond the accumulation-order bound"
+
+
+def test_bf16_wgrad_gemm_is_fp32_accurate():
+    """fast.mm on bf16 CUDA operands: within the fp32 accumulation bound of the fp64 product."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4096, 2048, generator=g).to(BF16), torch.randn(2048, 1024, generator=g).to(BF16)
+    exact = a.double() @ b.double()
+    got = fast.mm(a.cuda(), b.cuda()).cpu().double()
+    bound = 2048 * 2.0**-24 * (a.double().abs() @ b.double().abs())
+    assert bool(((got - exact).abs() <= bound).all())
+    assert fast.mm(a.cuda(), b.cuda()).dtype == torch.float32
+
+
+@pytest.mark.parametrize(("hidden", "rows"), [(2048, 16384), (4096, 2048), (768, 2047)])
+def test_fused_te_layernorm_is_the_eager_one_on_cuda(hidden, rows):
+    """The 1.4B shape (one warp a row), four warps with Chan's merge, the general kernel."""
+    from harness.numerics.te_layernorm import te_layer_norm
+
+    g = torch.Generator(device="cuda").manual_seed(hidden)
+    x = (torch.randn(rows, hidden, device="cuda", generator=g) * 2 + 0.3).bfloat16().float()
+    w = (1 + 0.2 * torch.randn(hidden, device="cuda", generator=g)).bfloat16().float()
+    b = (0.1 * torch.randn(hidden, device="cuda", generator=g)).bfloat16().float()
+    ref = te_layer_norm(x, w, b, 1e-5)
+    got = te_layer_norm(x, w, b, 1e-5, fused=True)
+    assert int((ref.view(torch.int32) != got.view(torch.int32)).sum()) == 0
