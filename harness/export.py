@@ -96,6 +96,14 @@ def hf_config(m: ModelConfig, run_dir: Path):
         initializer_range=m.init_method_std,
         torch_dtype="bfloat16",
     )
+    if m.rope_scaling:  # Llama 3.1's, the one rope_type lowp implements besides the plain one
+        kw["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": m.rope_scaling_factor,
+            "low_freq_factor": m.rope_low_freq_factor,
+            "high_freq_factor": m.rope_high_freq_factor,
+            "original_max_position_embeddings": m.rope_original_max_position_embeddings,
+        }
     if m.add_qkv_bias and not m.add_bias_linear:
         if m.qk_layernorm:
             raise ExportError(f"{run_dir}: QKV-only bias with QK norm has no transformers architecture")

@@ -67,8 +67,27 @@ def norm(cfg: ModelConfig, layer_norm: type[nn.LayerNorm] = LayerNorm, dim: int 
     raise ValueError(f"model.normalization={cfg.normalization}: use LayerNorm or RMSNorm")
 
 
-def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE's inverse frequencies (D/2,) in fp32 on the CPU, theta^(-2i/D), for both backends (TE's
+    RotaryPositionEmbedding gets them too). model.rope_scaling: Llama 3.1's scaling, in the
+    operations of transformers' _compute_llama3_parameters (Megatron's _apply_scaling is the same):
+    wavelengths above original/low_freq_factor divided by the factor, below original/high_freq_factor
+    kept, interpolated between."""
+    D = head_dims(cfg)[2]
+    inv_freq = 1.0 / cfg.rotary_base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+    if not cfg.rope_scaling:
+        return inv_freq
+    factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    old = cfg.rope_original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_cache(seq_len: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, D/2)
     return angles.cos(), angles.sin()
 
@@ -174,7 +193,7 @@ class GPT(nn.Module):
         if not cfg.untie_embeddings_and_output_weights:
             self.lm_head.weight = self.wte.weight
         if cfg.position_embedding == "rope":
-            cos, sin = rope_cache(cfg.seq_length, head_dims(cfg)[2], cfg.rotary_base)
+            cos, sin = rope_cache(cfg.seq_length, rope_inv_freq(cfg))
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()

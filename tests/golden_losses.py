@@ -22,23 +22,11 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers import tiny_cpu_run
+
 ASSETS = Path(__file__).resolve().parent / "assets" / "losses"
 STEPS = 8
-RUN = [
-    "model=gpt_tiny",
-    "backend=emulated",
-    "hardware=cpu",
-    "logger=none",
-    f"steps={STEPS}",
-    "log_interval=1",
-    "eval_interval=0",
-    "eval_tokens=0",
-    "checkpoint_interval=-1",
-    "micro_batch_size=4",
-    "global_batch_size=8",
-    "data.num_tokens=20000",
-    "optimizer.warmup_steps=2",
-]
+RUN = tiny_cpu_run(STEPS, 4, 8, log_interval=1, eval_interval=0, eval_tokens=0, checkpoint_interval=-1)
 # name -> the overrides that make it; the recipe cases plus two that reach the per-module plan and the
 # precision-aware optimizer's FP8 states, so refactors of those paths are covered too
 CASES: dict[str, list[str]] = {

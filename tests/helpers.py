@@ -39,6 +39,16 @@ TINY = [
 ]
 
 
+def tiny_cpu_run(steps: int, micro_batch_size: int, global_batch_size: int, **fields) -> list[str]:
+    """The short deterministic CPU run of the golden losses and the resume tests: gpt_tiny on the
+    emulated backend, no logger, 20k markov tokens, 2 warm-up steps; `fields` (log_interval=1,
+    checkpoint_interval=-1, ...) are added as `key=value` overrides."""
+    base = ["model=gpt_tiny", "backend=emulated", "hardware=cpu", "logger=none", f"steps={steps}"]
+    base += [f"{k}={v}" for k, v in fields.items()]
+    base += [f"micro_batch_size={micro_batch_size}", f"global_batch_size={global_batch_size}"]
+    return base + ["data.num_tokens=20000", "optimizer.warmup_steps=2"]
+
+
 def run_cli(args: list[str], cwd: Path = REPO, timeout: int = 300, env: dict | None = None):
     import subprocess
 

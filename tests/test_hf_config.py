@@ -79,6 +79,11 @@ REFUSED = [
         "RoPE scaling rope_type='linear' is not implemented",
     ),
     ("LlamaConfig", {"some_new_knob": 3}, "field 'some_new_knob' is not known to lowp"),
+    (
+        "LlamaConfig",
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}},
+        "RoPE scaling rope_type='yarn' is not implemented",
+    ),
 ]
 
 
@@ -105,3 +110,33 @@ def test_cli_exit_code_2_and_one_line(tmp_path):
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
         "error: model.hf_config: not set; model=hf needs model.hf_config=/path/to/config.json"
     )
+
+
+def test_llama31_rope_scaling_in_and_out(tmp_path):
+    """rope_type llama3 (Llama 3.1) maps to model.rope_scaling and its four parameters, in either
+    spelling (rope_scaling, rope_parameters); the export writes it back as transformers reads it."""
+    from harness.export import hf_config
+    from harness.hf.config import model_fields
+
+    scaling = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
+    scaling |= dict(original_max_position_embeddings=8192)
+    path = save(tmp_path, "LlamaConfig", rope_theta=500000.0, rope_scaling=scaling)
+    m = model_of(path)
+    assert (m.rope_scaling, m.rope_scaling_factor, m.rope_low_freq_factor) == (True, 32.0, 1.0)
+    assert (m.rope_high_freq_factor, m.rope_original_max_position_embeddings) == (4.0, 8192)
+    assert m.rotary_base == 500000.0
+    assert not model_of(save(tmp_path / "plain", "LlamaConfig")).rope_scaling
+    out, _ = hf_config(m, tmp_path)
+    back = model_fields(out.to_dict(), "x")
+    assert all(back[k] == getattr(m, k) for k in back if k.startswith(("rope", "rotary"))), back
+    legacy = json.loads(open(path + "/config.json").read())
+    legacy.pop("rope_parameters", None)
+    legacy.update(
+        rope_theta=500000.0,
+        rope_scaling={"type": "llama3", **{k: v for k, v in scaling.items() if k != "rope_type"}},
+    )
+    fields = model_fields(legacy, "x")
+    assert fields["rope_scaling"] and fields["rope_scaling_factor"] == 32.0
+    del legacy["rope_scaling"]["low_freq_factor"]
+    with pytest.raises(ConfigError, match=r"^x: rope_type='llama3' without 'low_freq_factor'; add it$"):
+        model_fields(legacy, "x")

@@ -181,3 +181,92 @@ def test_errors(tmp_path, trained):
     _, d = trained
     assert main([str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert main([str(d / "run"), "--format", "gguf", "--out", str(tmp_path / "o")]) == 2
+
+
+# ---- transformers' own loaders of the quantized exports -------------------------------------------
+
+
+def native_check(case: str, d, fmt: str, deq: dict, load) -> None:
+    """`load(dtype)` is transformers' loader of the export at `d`; its dequantized linears must be
+    `deq` (lowp's quantizer output, BF16) bit for bit, and its logits lowp's BF16 forward over `deq`
+    with check_logits' tolerance (e_hf: the loaded model's bf16 logits against its fp32 ones)."""
+    m32, n = load(torch.float32), 0
+    with torch.no_grad():  # fp32 loads keep the scales exact; the reader's product rounded to bf16
+        for name, p in m32.named_parameters():
+            if name.endswith("_proj.weight"):
+                assert torch.equal(p.bfloat16(), deq[name]), name
+                n += 1
+            p.copy_(p.bfloat16().float())
+    assert n == 7 * SHAPE["num_hidden_layers"]  # every quantized linear came through the loader
+    m16 = load(torch.bfloat16)
+    if fmt == "hf-fp8":  # E4M3 codes times power-of-two scales: bf16 values, so bf16 loads are exact too
+        assert all(torch.equal(p, deq[n]) for n, p in m16.named_parameters() if n.endswith("_proj.weight"))
+    else:  # compressed-tensors gives the scales the model's dtype: the bf16 model is m32 rounded
+        m16 = m32.to(torch.bfloat16)
+        m32 = load(torch.float32)
+        with torch.no_grad():
+            for p in m32.parameters():
+                p.copy_(p.bfloat16().float())
+    idx = tokens()
+    with torch.no_grad():
+        hf16, ref = m16(idx).logits.float(), m32(idx).logits.float()
+    cfg, backend, model = lowp_model(write_plain(d))
+    load_into(model, hf_to_lowp(deq, cfg.model))
+    lo = logits(backend, model, idx)
+    e_hf = (hf16 - ref).abs().max().item()
+    assert 0 < e_hf and (lo - ref).abs().max().item() <= 2 * e_hf, ((lo - ref).abs().max().item(), e_hf)
+    assert (lo - hf16).abs().max().item() <= 3 * e_hf
+
+
+def dequantized_reference(d, fmt: str) -> dict:
+    """The export's tensors as BF16 weights, through lowp's own reader (checked bit for bit above)."""
+    sd, out = read_safetensors(str(d)), {}
+    for name, t in sd.items():
+        if name.endswith(("_scale_inv", "weight_scale", "weight_shape")):
+            continue
+        if fmt == "hf-fp8" and t.dtype == torch.float8_e4m3fn:
+            out[name] = fp8_dequantize(t, sd[name + "_scale_inv"]).to(torch.bfloat16)
+        elif name.endswith(".weight_packed"):
+            base = name[: -len(".weight_packed")]
+            w = int4_dequantize(t, sd[base + ".weight_scale"], sd[base + ".weight_shape"], GROUP)
+            out[base + ".weight"] = w
+        else:
+            out[name] = t
+    return out
+
+
+def test_fp8_export_loads_through_transformers_finegrained_fp8(trained):
+    """FineGrainedFP8 on a CPU: no FP8 GEMMs there, so transformers dequantizes at load
+    (dequantize=True, what it also falls back to without a GPU), with its own reader."""
+    pytest.importorskip("accelerate")  # transformers' FP8 quantizer refuses to load without it
+    case, d = trained
+    export(str(d / "run"), "hf-fp8", str(d / "fp8n"))
+    config = transformers.FineGrainedFP8Config(dequantize=True)
+
+    def load(dtype):
+        m = transformers.AutoModelForCausalLM.from_pretrained(
+            d / "fp8n", dtype=dtype, quantization_config=config
+        )
+        assert type(m).__name__ == CASES[case][1]
+        return m.eval()
+
+    native_check(case, d / "fp8n", "hf-fp8", dequantized_reference(d / "fp8n", "hf-fp8"), load)
+
+
+def test_int4_export_loads_through_transformers_compressed_tensors(trained):
+    """compressed-tensors' pack-quantized reader (transformers' CompressedTensors integration, as
+    stored: the linears decompress at the first forward), on a CPU."""
+    pytest.importorskip("compressed_tensors")
+    case, d = trained
+    export(str(d / "run"), "hf-int4", str(d / "int4n"), group_size=GROUP)
+
+    def load(dtype):
+        m = transformers.AutoModelForCausalLM.from_pretrained(d / "int4n", dtype=dtype).eval()
+        q = m.model.layers[0].self_attn.q_proj
+        assert "weight_packed" in dict(q.named_parameters()) or "weight_packed" in dict(q.named_buffers())
+        with torch.no_grad():  # compressed-tensors decompresses on the first forward
+            m(tokens()[:, :4])
+        assert type(m).__name__ == CASES[case][1]
+        return m
+
+    native_check(case, d / "int4n", "hf-int4", dequantized_reference(d / "int4n", "hf-int4"), load)

@@ -1,6 +1,7 @@
 """GPU: the Llama/Qwen architecture on TE (GQA via num_gqa_groups, kv_channels, QK RMSNorm before
-RoPE, rotary_base, tied head) computes the emulated model's function on the same weights, and the
-llama3/qwen3 tiny presets train under each Hopper recipe (run on a CUDA machine with TE).
+RoPE, rotary_base, tied head, Qwen2's QKV-only bias, Llama 3.1's RoPE scaling) computes the emulated
+model's function on the same weights, and the llama3/qwen3/qwen2 tiny presets train under each Hopper
+recipe (run on a CUDA machine with TE).
 
 The emulated model is checked against transformers on the CPU (tests/test_hf_weights.py), so
 TE == emulated closes the loop without transformers on the GPU node. Tolerance: both run bf16
@@ -37,7 +38,7 @@ def forward(backend, model, idx):
 
 @needs_cuda
 @needs_te
-@pytest.mark.parametrize("preset", ["llama3_tiny", "qwen3_tiny"])
+@pytest.mark.parametrize("preset", ["llama3_tiny", "qwen3_tiny", "qwen2_tiny", "llama31_tiny"])
 def test_te_computes_the_emulated_models_function(preset):
     from harness.hf.weights import fuse_qkv, load_into, split_qkv
 
@@ -45,9 +46,14 @@ def test_te_computes_the_emulated_models_function(preset):
     with torch.no_grad():  # bf16-valued weights, so both models hold them exactly
         for p in emu.parameters():
             p.copy_(p.to(torch.bfloat16).float() * 4)  # larger than init so attention shapes the logits
+        for name, p in emu.named_parameters():  # zero at init: give Qwen2's QKV bias values to carry
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)).bfloat16().float())
     sd = {k: v.detach().clone() for k, v in emu.state_dict().items()}
     _, te_b, te = built(preset, "te")
-    load_into(te, sd)
+    load_into(te, sd)  # every TE parameter gets one tensor: QKV bias and no other bias on qwen2_tiny
+    if cfg.model.add_qkv_bias:
+        assert sum(n.endswith(".bias") for n, _ in te.named_parameters()) == cfg.model.num_layers
     torch.manual_seed(0)
     idx = torch.randint(0, cfg.model.vocab_size, (2, T), device="cuda")
     a, b = forward(emu_b, emu, idx), forward(te_b, te, idx)
@@ -80,7 +86,7 @@ def forward_fp32(model, idx):
 
 @needs_cuda
 @needs_te
-@pytest.mark.parametrize("preset", ["llama3_tiny", "qwen3_tiny"])
+@pytest.mark.parametrize("preset", ["llama3_tiny", "qwen3_tiny", "qwen2_tiny"])
 @pytest.mark.parametrize("recipe", ["bf16", "delayed", "tensorwise", "blockwise"])
 def test_presets_train_on_te(tmp_path, preset, recipe):
     from harness.train import run

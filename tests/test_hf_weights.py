@@ -1,5 +1,5 @@
-"""init_from: small random Llama, Qwen3 and Qwen2 models built and saved by transformers, loaded
-into lowp's emulated GPT, whose logits must match transformers' own.
+"""init_from: small random Llama (also with Llama 3.1's RoPE scaling), Qwen3 and Qwen2 models built
+and saved by transformers, loaded into lowp's emulated GPT, whose logits must match transformers' own.
 
 Tolerance: both models compute the same function at bf16 precision (bf16 weights and GEMM
 operands, fp32 accumulation), but round in different places (HF rounds RoPE's cos/sin and the norm
@@ -33,10 +33,14 @@ SHAPE = dict(
     vocab_size=320,
     initializer_range=0.08,  # larger than 0.02 so that attention, not only the embedding, sets the logits
 )
+LLAMA31 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+LLAMA31 |= dict(original_max_position_embeddings=16)
 CASES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_theta=500000.0)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6)),
+    # Llama 3.1's RoPE scaling; an original context of 16 (8192 in Llama 3.1) so it acts within T
+    "llama31": ("LlamaConfig", "LlamaForCausalLM", dict(rope_theta=500000.0, rope_scaling=LLAMA31)),
 }
 T = 32
 
@@ -153,3 +157,34 @@ def test_init_from_trains_and_mismatches_are_one_line(tmp_path):
     assert "\n" not in msg
     with pytest.raises(ConfigError, match=r"^init_from=/nonexistent: no such file or directory; "):
         run(compose_cfg(*base[:2], "init_from=/nonexistent", "logger=none", "steps=1"), tmp_path / "y")
+
+
+def test_llama31_rope_scaling_is_transformers_and_matters(tmp_path):
+    """lowp's scaled RoPE frequencies are transformers' own bit for bit; turning the scaling off
+    moves the logits far outside the tolerance, so the logit check above does see it."""
+    path = tmp_path / "llama31"
+    save_hf(path, "llama31")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from harness.model import rope_inv_freq
+
+    cfg, backend, model = lowp_model(path)
+    m = cfg.model
+    assert (m.rope_scaling, m.rope_scaling_factor, m.rope_original_max_position_embeddings) == (True, 8.0, 16)
+    hf_config = transformers.AutoConfig.from_pretrained(path)
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config, torch.device("cpu"))
+    assert torch.equal(rope_inv_freq(m), want)
+    plain = rope_inv_freq(
+        compose_cfg("model=hf", f"model.hf_config={path}", "model.rope_scaling=false").model
+    )
+    assert not torch.equal(plain, want)
+
+    sd = hf_to_lowp(read_safetensors(str(path)), m)
+    idx = torch.randint(0, SHAPE["vocab_size"], (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)(idx).logits
+        e_hf = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16)(idx).logits - ref
+    e_hf = e_hf.abs().max().item()
+    _, b2, unscaled = lowp_model(path, "model.rope_scaling=false")
+    load_into(unscaled, sd)
+    assert (logits(b2, unscaled, idx) - ref).abs().max().item() > 5 * e_hf

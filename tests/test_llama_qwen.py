@@ -16,7 +16,15 @@ from harness.model import count_params
 from harness.train import backend_spec
 from tests.helpers import compose_cfg
 
-PRESETS = ["llama3_tiny", "llama3_1b", "llama3_8b_slice", "qwen3_tiny", "qwen3_1b", "qwen3_8b_slice"]
+PRESETS = [
+    "llama3_tiny",
+    "llama3_1b",
+    "llama3_8b_slice",
+    "qwen3_tiny",
+    "qwen3_1b",
+    "qwen3_8b_slice",
+    "qwen2_tiny",
+]
 
 
 def expected_params(m) -> int:
@@ -25,6 +33,7 @@ def expected_params(m) -> int:
     D = m.kv_channels or m.hidden_size // H
     h, f, V = m.hidden_size, m.ffn_hidden_size, m.vocab_size
     block = 2 * h + (H + 2 * G) * D * h + H * D * h + 3 * h * f + (2 * D if m.qk_layernorm else 0)
+    block += (H + 2 * G) * D if m.add_qkv_bias else 0
     head = 0 if not m.untie_embeddings_and_output_weights else V * h
     return V * h + m.num_layers * block + h + head
 
@@ -74,6 +83,12 @@ def test_tied_head_is_the_embedding_and_counts_as_lm_head():
         (["model.num_query_groups=3"], "model.num_query_groups=3: must divide model.num_attention_heads=4"),
         (["model.kv_channels=15"], "model.position_embedding=rope needs an even head size, not 15"),
         (["model.hidden_size=66"], "model.hidden_size=66 is not divisible by model.num_attention_heads=4"),
+        (["model.rope_scaling=true", "model.rope_scaling_factor=0.5"], "model.rope_scaling_factor=0.5: must"),
+        (["model.rope_scaling=true", "model.rope_high_freq_factor=1"], "model.rope_low_freq_factor=1.0, "),
+        (
+            ["model.rope_scaling=true", "model.position_embedding=learned"],
+            "model.rope_scaling=true needs model.position_embedding=rope",
+        ),
     ],
 )
 def test_shape_errors_are_one_line(overrides, start):
@@ -97,6 +112,11 @@ def test_megatron_flags():
     assert "--kv-channels 32" in qwen and "--qk-layernorm" in qwen and "--rotary-base 1000000" in qwen
     assert "--untie-embeddings-and-output-weights" not in qwen  # tied: Megatron's default
     assert "--add-qkv-bias" in flags("model=llama3_tiny", "model.add_qkv_bias=true")
+    scaled = flags("model=llama31_tiny", "model.rope_original_max_position_embeddings=8192")
+    assert "--use-rope-scaling --rope-scaling-factor 8.0" in scaled
+    assert "--use-rope-scaling" not in llama
+    with pytest.raises(ValueError, match=r"Megatron-LM fixes them at \(1.0, 4.0, 8192\)"):
+        flags("model=llama31_tiny")  # its original context of 32 has no Megatron flag
     gpt = flags("model=gpt_tiny")
     assert not any(f in gpt for f in ("--num-query-groups", "--kv-channels", "--rotary-base", "--qk-layer"))
 

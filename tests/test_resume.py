@@ -21,25 +21,19 @@ from harness import checkpoint as C
 from harness import metrics as M
 from harness import train as T  # imported here once: every forked attempt inherits it
 from harness.signals import StopRequest
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, tiny_cpu_run
 
 STEPS, EVERY = 14, 3  # checkpoints at 3, 6, 9, 12 and the end; faults never land on those
-RUN = [
-    "model=gpt_tiny",
-    "backend=emulated",
-    "hardware=cpu",
-    "logger=none",
-    f"steps={STEPS}",
-    f"checkpoint_interval={EVERY}",
-    "checkpoint_keep=2",
-    "log_interval=2",  # not a divisor of EVERY: a checkpoint falls inside a logging window
-    "eval_interval=5",
-    "eval_tokens=512",
-    "micro_batch_size=2",
-    "global_batch_size=4",  # accumulation on
-    "data.num_tokens=20000",
-    "optimizer.warmup_steps=2",
-]
+RUN = tiny_cpu_run(  # global batch 4 of micro-batches of 2: accumulation on
+    STEPS,
+    2,
+    4,
+    checkpoint_interval=EVERY,
+    checkpoint_keep=2,
+    log_interval=2,  # not a divisor of EVERY: a checkpoint falls inside a logging window
+    eval_interval=5,
+    eval_tokens=512,
+)
 RECIPES = {
     "bf16": ["recipe=bf16"],
     "delayed": ["recipe=delayed"],

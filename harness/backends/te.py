@@ -20,7 +20,7 @@ from harness.backends.base import Backend, BackendSpec
 from harness.backends.te_env import set_nvte_env
 from harness.backends.te_recipe import build_te_recipe
 from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
-from harness.model import GPT, head_dims, norm
+from harness.model import GPT, head_dims, norm, rope_inv_freq
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 # te.TransformerLayer's GEMM weights (fuse_qkv_params=True), the ones INT4 QAT fake-quantizes
@@ -66,6 +66,8 @@ class TEBlock(nn.Module):
             # (harness.optim.MainGrads allocates it); no bf16 weight grad is made, no extra add runs
             fuse_wgrad_accumulation=fuse_wgrad,
         )
+        if m.add_qkv_bias and not m.add_bias_linear:
+            self.layer.self_attention.layernorm_qkv = qkv_with_bias(te, m, fuse_wgrad, std)
         self.context = context
         self.first_microbatch = first_microbatch  # TE's is_first_microbatch for this forward
 
@@ -75,6 +77,27 @@ class TEBlock(nn.Module):
             return self.layer(x, **kw)
         with self.context():
             return self.layer(x, **kw)
+
+
+def qkv_with_bias(te, m: ModelConfig, fuse_wgrad: bool, std: float) -> nn.Module:
+    """Qwen2's QKV-only bias (Megatron's add_qkv_bias): te.TransformerLayer has one `bias` flag for
+    all its linears, so the layer is built without biases and its attention's QKV LayerNormLinear is
+    replaced by one with a bias, built with the arguments TE 2.20's MultiheadAttention gives it
+    (fuse_qkv_params=True: one fused weight, interleaved per group; no tensor parallelism)."""
+    heads, groups, head_dim = head_dims(m)
+    return te.LayerNormLinear(
+        m.hidden_size,
+        (heads + 2 * groups) * head_dim,
+        eps=m.layernorm_epsilon,
+        fuse_wgrad_accumulation=fuse_wgrad,
+        init_method=lambda w: nn.init.normal_(w, 0.0, std),
+        bias=True,  # zero-initialised by TE, as the emulated model's
+        normalization=m.normalization,
+        return_bias=False,
+        params_dtype=torch.bfloat16,
+        device="cuda",
+        ub_name="qkv",
+    )
 
 
 class TEOps:
@@ -149,11 +172,6 @@ class TEBackend(Backend):
 
     def build_model(self) -> nn.Module:
         m, spec = self.spec.model, self.spec
-        if m.add_qkv_bias and not m.add_bias_linear:
-            raise ValueError(
-                "model.add_qkv_bias=true with backend=te: te.TransformerLayer has one bias flag for all "
-                "its linears, so a QKV-only bias (Qwen2) runs on backend=emulated only"
-            )
         fp8_param = spec.optimizer.fp8_param and self.recipe is not None
         with self.te.quantized_model_init(enabled=fp8_param, recipe=self.recipe):
             blocks = nn.ModuleList(
@@ -164,6 +182,8 @@ class TEBackend(Backend):
         model.rope_emb = None
         if m.position_embedding == "rope":
             model.rope_emb = self.te.RotaryPositionEmbedding(head_dims(m)[2], rotary_base=m.rotary_base)
+            # the emulated model's frequencies (Llama 3.1's scaling included), which TE's forward uses
+            model.rope_emb.inv_freq.copy_(rope_inv_freq(m))
         for name, child in model.named_children():
             if name == "rope_emb":  # its inv_freq stays fp32, as in Megatron and HF (bf16 would blur it)
                 child.to(device=self.device)

@@ -13,14 +13,7 @@ from __future__ import annotations
 
 import torch
 
-BLOCK_NAMES = {  # emulated Block module -> te.TransformerLayer parameter prefix (fuse_qkv_params=True)
-    "ln1": "self_attention.layernorm_qkv.layer_norm_",
-    "attn.qkv": "self_attention.layernorm_qkv.",
-    "attn.proj": "self_attention.proj.",
-    "ln2": "layernorm_mlp.layer_norm_",
-    "mlp.fc1": "layernorm_mlp.fc1_",
-    "mlp.fc2": "layernorm_mlp.fc2_",
-}
+from harness.backends.te_names import te_name as te_param_name  # the one map of TE names
 
 
 def qkv_interleave(t: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -28,17 +21,6 @@ def qkv_interleave(t: torch.Tensor, n_head: int) -> torch.Tensor:
     qkv_weight_interleaved and lowp's GPT both use; only the scrambled control needs it."""
     d = t.shape[0] // (3 * n_head)
     return t.reshape(3, n_head, d, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
-
-
-def te_param_name(name: str) -> str:
-    """An emulated GPT parameter's name in TEGPT."""
-    if not name.startswith("blocks."):
-        return name  # wte, wpe, ln_f, lm_head: the same modules in both models
-    _, i, rest = name.split(".", 2)
-    module, _, kind = rest.rpartition(".")  # kind: weight or bias
-    if module not in BLOCK_NAMES or kind not in ("weight", "bias"):
-        raise KeyError(f"{name}: no TE counterpart")
-    return f"blocks.{i}.layer.{BLOCK_NAMES[module]}{kind}"
 
 
 def te_state_from_emulated(sd: dict, n_head: int, interleave: bool = False) -> dict:

@@ -191,6 +191,16 @@ class ModelConfig:
     """Head size (--kv-channels); null = hidden_size / num_attention_heads (Qwen3 sets its own)."""
     rotary_base: float = 10000.0
     """RoPE theta (--rotary-base; Llama 3: 500000, Qwen3: 1000000)."""
+    rope_scaling: bool = False
+    """Llama 3.1's RoPE frequency scaling (--use-rope-scaling; HF rope_type llama3), the four below."""
+    rope_scaling_factor: float = 8.0
+    """Low frequencies divided by this (--rope-scaling-factor; HF factor; Llama 3.2 1B/3B: 32)."""
+    rope_low_freq_factor: float = 1.0
+    """Wavelengths above original_max / this are scaled fully (HF low_freq_factor)."""
+    rope_high_freq_factor: float = 4.0
+    """Wavelengths below original_max / this are kept; between the two, interpolated (HF high_freq_factor)."""
+    rope_original_max_position_embeddings: int = 8192
+    """The context the model was pretrained at (HF original_max_position_embeddings)."""
     untie_embeddings_and_output_weights: bool = True
     """false: the LM head reuses the embedding matrix (tied, as small Llama 3.2 / Qwen3 models)."""
     qk_layernorm: bool = False

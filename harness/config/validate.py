@@ -115,6 +115,24 @@ def _attention_errors(m: schema.ModelConfig) -> list[str]:
         return [f"model.kv_channels={m.kv_channels}: must be >= 1 (or null for hidden/heads)"]
     if m.position_embedding == "rope" and head_dim % 2:
         return [f"model.position_embedding=rope needs an even head size, not {head_dim} (model.kv_channels)"]
+    return _rope_scaling_errors(m)
+
+
+def _rope_scaling_errors(m: schema.ModelConfig) -> list[str]:
+    """Llama 3.1's RoPE scaling: only with RoPE, factor >= 1, 0 < low < high, a positive context."""
+    if not m.rope_scaling:
+        return []
+    if m.position_embedding != "rope":
+        return [f"model.rope_scaling=true needs model.position_embedding=rope, not {m.position_embedding}"]
+    if m.rope_scaling_factor < 1:
+        return [f"model.rope_scaling_factor={m.rope_scaling_factor}: must be >= 1 (Llama 3.1: 8)"]
+    if not 0 < m.rope_low_freq_factor < m.rope_high_freq_factor:
+        return [
+            f"model.rope_low_freq_factor={m.rope_low_freq_factor}, model.rope_high_freq_factor="
+            f"{m.rope_high_freq_factor}: need 0 < low < high (Llama 3.1: 1 and 4)"
+        ]
+    if (n := m.rope_original_max_position_embeddings) < 1:
+        return [f"model.rope_original_max_position_embeddings={n}: must be >= 1 (Llama 3.1: 8192)"]
     return []
 
 

@@ -6,7 +6,8 @@
 num_layers}`), so a command-line override of any of them still wins. Each field of the JSON is
 mapped, known to change nothing lowp computes (token ids, generation and serving settings), or
 refused in one line: lowp never trains a different model than the config describes. Refused:
-mixture-of-experts, sliding-window attention, RoPE scaling other than the plain one, activations
+mixture-of-experts, sliding-window attention, RoPE scaling other than Llama 3.1's (rope_type
+llama3: factor, low/high_freq_factor, original_max_position_embeddings), activations
 other than SiLU (SwiGLU), attention bias on the output projection without MLP bias (Megatron has no
 flag for it), dropout, and fields this module does not know.
 """
@@ -107,6 +108,8 @@ def model_fields(raw: dict, option: str) -> dict:
         "activation": "swiglu",
         "position_embedding": "rope",
         "rotary_base": float(_rope(raw)["rope_theta"]),
+        **_ROPE_DEFAULTS,
+        **_rope_fields(raw),
         # absent: transformers' default for all four families is untied
         "untie_embeddings_and_output_weights": not raw.get("tie_word_embeddings", False),
         "qk_layernorm": family == "qwen3",
@@ -115,6 +118,15 @@ def model_fields(raw: dict, option: str) -> dict:
         "layernorm_epsilon": float(raw.get("rms_norm_eps", 1e-6)),
         "init_method_std": float(raw.get("initializer_range", 0.02)),
     }
+
+
+_ROPE_DEFAULTS = {  # ModelConfig's, so a plain-RoPE config still gives every field hf.yaml asks for
+    "rope_scaling": False,
+    "rope_scaling_factor": 8.0,
+    "rope_low_freq_factor": 1.0,
+    "rope_high_freq_factor": 4.0,
+    "rope_original_max_position_embeddings": 8192,
+}
 
 
 def _mapped_keys(family: str) -> set[str]:
@@ -126,6 +138,27 @@ def _mapped_keys(family: str) -> set[str]:
         "use_sliding_window", "layer_types",
     }  # fmt: skip
     return keys
+
+
+# rope_type -> its parameters (HF name -> ModelConfig field); Llama 3.1's needs all four
+ROPE_TYPES = {
+    "default": {},
+    "llama3": {
+        "factor": "rope_scaling_factor",
+        "low_freq_factor": "rope_low_freq_factor",
+        "high_freq_factor": "rope_high_freq_factor",
+        "original_max_position_embeddings": "rope_original_max_position_embeddings",
+    },
+}
+
+
+def _rope_fields(raw: dict) -> dict:
+    """ModelConfig's rope_scaling fields (validated by _refuse_unsupported); defaults when plain."""
+    rope = _rope(raw)
+    kinds = {"factor": float, "low_freq_factor": float, "high_freq_factor": float}
+    out: dict = {"rope_scaling": rope["rope_type"] == "llama3"}
+    out |= {field: kinds.get(k, int)(rope[k]) for k, field in ROPE_TYPES[rope["rope_type"]].items()}
+    return out
 
 
 def _rope(raw: dict) -> dict:
@@ -150,12 +183,15 @@ def _refuse_unsupported(raw: dict, family: str, option: str) -> None:
             f"{option}: hidden_act={raw['hidden_act']!r}; lowp's gated MLP is SwiGLU (hidden_act='silu')"
         )
     rope = _rope(raw)
-    if rope["rope_type"] != "default":
+    if rope["rope_type"] not in ROPE_TYPES:
         raise ConfigError(
             f"{option}: RoPE scaling rope_type={rope['rope_type']!r} is not implemented by lowp; "
-            "use a config without rope_scaling (plain RoPE with rope_theta)"
+            "use plain RoPE (no rope_scaling) or Llama 3.1's rope_type='llama3'"
         )
-    extra = sorted(set(rope) - {"rope_type", "rope_theta"})
+    missing = sorted(set(ROPE_TYPES[rope["rope_type"]]) - set(rope))
+    if missing:
+        raise ConfigError(f"{option}: rope_type={rope['rope_type']!r} without {missing[0]!r}; add it")
+    extra = sorted(set(rope) - {"rope_type", "rope_theta", *ROPE_TYPES[rope["rope_type"]]})
     if extra:  # e.g. partial_rotary_factor: RoPE on part of each head, which lowp does not do
         raise ConfigError(f"{option}: RoPE parameter {extra[0]!r} is not implemented by lowp; remove it")
     sliding = raw.get("use_sliding_window") if family in ("qwen2", "qwen3") else raw.get("sliding_window")

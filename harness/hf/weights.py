@@ -6,7 +6,8 @@ lowp (like Megatron and TE's interleaved fused QKV) holds one QKV matrix whose r
 group, [the group's H/G query heads, its key head, its value head], and one fc1 = [gate; up]
 (SwiGLU's silu(gate) * up). A tied model (untie_embeddings_and_output_weights=false) has no
 `lm_head.weight` in the file. TE's TransformerLayer names its parameters differently
-(`te_names`): the adapter maps lowp's names to them, layouts unchanged.
+(harness.backends.te_names, the one map of them): the adapter maps lowp's names to them, layouts
+unchanged.
 
     sd = read_safetensors(PATH)                        # a file, a directory, sharded or not
     lowp_sd = hf_to_lowp(sd, model_cfg)                 # names, fused QKV and fc1
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
 
+from harness.backends.te_names import te_name
 from harness.config.schema import ModelConfig
 
 INDEX = "model.safetensors.index.json"
@@ -185,36 +186,6 @@ def lowp_to_hf(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch
             if lw + lowp_suffix in sd:
                 out[hf + hf_suffix] = sd[lw + lowp_suffix]
     return {k: v.contiguous() for k, v in out.items()}
-
-
-# ---- TE's TransformerLayer names (fuse_qkv_params=True; its interleaved QKV is lowp's layout) ----
-TE_BLOCK = {
-    "ln1.weight": "self_attention.layernorm_qkv.layer_norm_weight",
-    "ln1.bias": "self_attention.layernorm_qkv.layer_norm_bias",
-    "attn.qkv.weight": "self_attention.layernorm_qkv.weight",
-    "attn.qkv.bias": "self_attention.layernorm_qkv.bias",
-    "attn.proj.weight": "self_attention.proj.weight",
-    "attn.proj.bias": "self_attention.proj.bias",
-    "attn.q_norm.weight": "self_attention.q_norm.weight",
-    "attn.k_norm.weight": "self_attention.k_norm.weight",
-    "ln2.weight": "layernorm_mlp.layer_norm_weight",
-    "ln2.bias": "layernorm_mlp.layer_norm_bias",
-    "mlp.fc1.weight": "layernorm_mlp.fc1_weight",
-    "mlp.fc1.bias": "layernorm_mlp.fc1_bias",
-    "mlp.fc2.weight": "layernorm_mlp.fc2_weight",
-    "mlp.fc2.bias": "layernorm_mlp.fc2_bias",
-}
-_BLOCK_RE = re.compile(r"blocks\.(\d+)\.(.+)")
-
-
-def te_name(name: str) -> str:
-    """A lowp (emulated) parameter name in TEGPT; embeddings, final norm and LM head are shared."""
-    m = _BLOCK_RE.fullmatch(name)
-    if m is None:
-        return name
-    if m.group(2) not in TE_BLOCK:
-        raise KeyError(f"{name}: no TE counterpart")
-    return f"blocks.{m.group(1)}.layer.{TE_BLOCK[m.group(2)]}"
 
 
 def load_into(model: torch.nn.Module, lowp_sd: dict[str, torch.Tensor], option: str = "init_from") -> int:
