@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -18,6 +21,7 @@ from analysis.reader import RunWarning, load_runs
 from analysis.wandb_offline import find_offline_runs, iter_records, read_offline_run
 
 TOKENS_PER_STEP = 512
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _log_run(root: Path, recipe: str, seed: int, offset: float, with_summary: bool) -> str:
@@ -44,22 +48,38 @@ def _log_run(root: Path, recipe: str, seed: int, offset: float, with_summary: bo
         return run.id
 
 
+_LOG_RUNS = """
+import json, sys
+from pathlib import Path
+from tests.analysis.test_analysis_wandb_offline import _log_run
+root = Path(sys.argv[1])
+ids = {
+    "bf16": _log_run(root, "bf16", 0, 0.0, with_summary=True),
+    "tensorwise": _log_run(root, "tensorwise", 0, 0.02, with_summary=False),
+}
+print(json.dumps(ids))
+"""
+
+
 @pytest.fixture(scope="module")
 def wandb_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """Two offline runs logged by a process of their own, as a training job logs them: the wandb
+    client's process-wide state (its service, settings and active run) left by earlier tests in this
+    process cannot reach them."""
     pytest.importorskip("wandb")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("WANDB_MODE", "offline")
-    mp.setenv("WANDB_SILENT", "true")
-    mp.setenv("WANDB_DISABLE_GIT", "true")
     root = tmp_path_factory.mktemp("wandb_runs")
-    try:
-        ids = {
-            "bf16": _log_run(root, "bf16", 0, 0.0, with_summary=True),
-            "tensorwise": _log_run(root, "tensorwise", 0, 0.02, with_summary=False),
-        }
-    finally:
-        mp.undo()
-    return root, ids
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out = subprocess.run(
+        [sys.executable, "-c", _LOG_RUNS, str(root)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return root, json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_offline_runs_are_read_back(wandb_root) -> None:
