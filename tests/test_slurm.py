@@ -25,7 +25,7 @@ from tests.helpers import REPO
 from tests.slurm.cluster import Cluster, allowed_to_install, ensure_installed, missing_binaries
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-TIMING = (M.STEP_MS, M.TOKENS_PER_S, M.TFLOPS, M.MFU)
+TIMING = (M.STEP_MS, M.TOKENS_PER_S, M.TOKENS_PER_S_PER_GPU, M.TFLOPS, M.MFU)
 
 
 @pytest.fixture(scope="module")

@@ -140,7 +140,9 @@ class TEBackend(Backend):
         if own is None:
             return lambda: self.te.autocast(enabled=False)
         nested = build_te_recipe(own, self.spec.stability)
-        return lambda: self.te.autocast(enabled=nested is not None, recipe=nested)
+        return lambda: self.te.autocast(
+            enabled=nested is not None, recipe=nested, amax_reduction_group=self.amax_group
+        )
 
     @staticmethod
     def _name_of(recipe: RecipeConfig | None) -> str:
@@ -174,7 +176,9 @@ class TEBackend(Backend):
         return model
 
     def autocast(self):
-        return self.te.autocast(enabled=self.recipe is not None, recipe=self.recipe)
+        return self.te.autocast(
+            enabled=self.recipe is not None, recipe=self.recipe, amax_reduction_group=self.amax_group
+        )
 
     def build_optimizer(self, model: nn.Module, cfg: OptimizerConfig):
         """TE FusedAdam over the bf16 params (harness.optim); whole fp32 masters where the recipe's
