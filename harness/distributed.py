@@ -131,6 +131,7 @@ class Dist:
         self, launch: Launch = Launch(), strategy: str = "none", group=None, backend: str | None = None
     ):
         self.launch, self.strategy, self.group, self.backend = launch, strategy, group, backend
+        self.owned = False  # setup() started the process group (teardown destroys only that one)
 
     @property
     def rank(self) -> int:
@@ -147,6 +148,11 @@ class Dist:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        """Where this group's collectives take their tensors (NCCL: this rank's GPU)."""
+        return torch.device("cuda", self.launch.local_rank) if self.backend == "nccl" else torch.device("cpu")
 
     @property
     def fsdp(self) -> bool:
@@ -191,14 +197,14 @@ class Dist:
         torch.distributed.all_reduce(out, group=self.group)
         return (out / self.world).reshape(())
 
-    def max_scalar(self, value: float, device: torch.device) -> float:
+    def max_scalar(self, value: float, device: torch.device | None = None) -> float:
         if not self.active:
             return value
-        t = torch.tensor([value], dtype=torch.float64, device=device)
+        t = torch.tensor([value], dtype=torch.float64, device=device or self.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.group)
         return float(t.item())
 
-    def any(self, flag: bool, device: torch.device) -> bool:
+    def any(self, flag: bool, device: torch.device | None = None) -> bool:
         """True on every rank when it is true on one (a stop request, a divergence)."""
         return bool(self.max_scalar(float(flag), device)) if self.active else flag
 
@@ -244,12 +250,14 @@ def setup(
         **kwargs,
     )
     log.info("rank %d/%d (%s, %s) joined", launch.rank, launch.world_size, launch.launcher, pg_backend)
-    return Dist(launch, strategy, None, pg_backend)
+    dist = Dist(launch, strategy, None, pg_backend)
+    dist.owned = True
+    return dist
 
 
 def teardown(dist: Dist) -> None:
     """Destroy the process group setup() started (after a failure too, so the process can exit)."""
-    if dist.active and torch.distributed.is_initialized():
+    if dist.owned and torch.distributed.is_initialized():
         try:
             torch.distributed.destroy_process_group()
         except Exception as exc:  # noqa: BLE001 - a peer already gone: nothing left to tear down

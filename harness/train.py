@@ -550,6 +550,25 @@ class _Job:
         self.cfg, self.run_dir, self.summary, self.config, self.logger = cfg, run_dir, summary, config, logger
         self.stop, self.found, self.previous, self.dist = stop, found, previous, dist
 
+    agreed = False
+
+    def _agree(self, failed: bool) -> None:
+        """Every rank's way out, once: a rank that failed outside a collective (an eval, the last
+        step's summary) would leave the others reporting success. Failing ranks take part too
+        (their peers may be gone already: then there is nothing to agree with)."""
+        if not self.dist.active or self.agreed:
+            return
+        self.agreed = True
+        try:
+            any_failed = self.dist.any(failed)
+        except Exception:  # noqa: BLE001 - a peer gone: the collective fails, the failure is known
+            if failed:
+                return
+            raise
+        if any_failed and not failed:
+            first = A.first_rank_failure(self.run_dir)
+            raise RankFailed(f"another rank failed: {first[1] if first else 'see its error.rank*.txt'}")
+
     def train(self, resume_command: str | None, config_warnings: list[str]) -> Summary:
         """Build the trainer, fit, and write the summary on every way out (atomic, also on failure)."""
         cfg, run_dir, summary, logger, found = self.cfg, self.run_dir, self.summary, self.logger, self.found
@@ -586,6 +605,7 @@ class _Job:
             else:
                 trainer.fit(summary)
             trainer.finalize(summary)
+            self._agree(failed=False)
             summary.wall_time_s = time.perf_counter() - t0
             if summary.status == A.PREEMPTED:
                 logger.mark_preempting()
@@ -595,7 +615,9 @@ class _Job:
             summary.error = f"{type(exc).__name__}: {exc}".strip()
             writer.error(f"{summary.error}\n\n{traceback.format_exc()}")
             if dist.active:
-                _rank_failed(run_dir, dist, summary, traceback.format_exc())
+                A.write_rank_failure(run_dir, dist.rank, summary.error, traceback.format_exc())  # first
+                self._agree(failed=True)
+                _rank_failed(run_dir, dist, summary)
             where = "" if isinstance(exc, USER_ERRORS) else f" (traceback in {run_dir}/error.txt)"
             log.error("run %s: %s%s", summary.status, summary.error, where)
             raise
@@ -606,12 +628,15 @@ class _Job:
         return summary
 
 
-def _rank_failed(run_dir: Path, dist: D.Dist, summary: Summary, trace: str) -> None:
-    """Several ranks: record this rank's failure, name the earliest failing rank in the summary
+class RankFailed(RuntimeError):
+    """Another rank of the job failed where this one did not notice (no collective in between)."""
+
+
+def _rank_failed(run_dir: Path, dist: D.Dist, summary: Summary) -> None:
+    """Several ranks (this rank's failure recorded): name the earliest failing rank in the summary
     (the others' errors are its consequences: a closed connection, a collective's timeout), and
     write summary.json from this rank too unless it is rank 0 (which writes it anyway): the
     launcher may kill rank 0 before it gets there."""
-    A.write_rank_failure(run_dir, dist.rank, summary.error, trace)
     first = A.first_rank_failure(run_dir) or (dist.rank, summary.error)
     summary.failed_rank = first[0]
     summary.error = f"rank {first[0]} of {dist.world}: {first[1]}"

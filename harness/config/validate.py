@@ -389,7 +389,7 @@ def parallel_errors(cfg: Config) -> list[str]:
             errs.append(
                 "parallel=fsdp2 with backend=te and fp32 main grads: TE's fused wgrad accumulation "
                 "writes whole main_grad buffers that FSDP2 does not shard; set "
-                "optimizer.main_grads_dtype=bf16 or use parallel=ddp"
+                "optimizer.main_grads_dtype=bf16 (with the precision-aware optimizer) or use parallel=ddp"
             )
     return errs
 
