@@ -20,6 +20,7 @@ are (docs/distributed.md):
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import socket
@@ -31,6 +32,8 @@ import torch
 
 from harness.config import load
 from tests.helpers import REPO, run_cli
+
+pytestmark = pytest.mark.slow
 
 BASE = [
     "model=gpt_tiny",
@@ -71,13 +74,19 @@ def _curve(run_dir: Path, key: str = "loss/train") -> list[float]:
     return [r[key] for r in _rows(run_dir) if r.get(key) is not None]
 
 
+_SINGLE: dict[tuple, Path] = {}
+
+
 def _single(tmp: Path, name: str, overrides: list[str]) -> Path:
-    """A 1-process reference run in this process."""
+    """A 1-process reference run in this process (once per config: DDP and FSDP2 share it)."""
     from harness.train import run
 
-    out = tmp / f"single-{name}"
-    run(load(BASE + overrides), out)
-    return out
+    key = tuple(overrides)
+    if key not in _SINGLE:
+        out = tmp / f"single-{name}"
+        run(load(BASE + overrides), out)
+        _SINGLE[key] = out
+    return _SINGLE[key]
 
 
 # -- the spawned group -------------------------------------------------------------------------------
@@ -157,10 +166,12 @@ CASES = {"run": _case_run, "amax": _case_amax, "resume": _case_resume}
 
 def _spawn(world: int, cases: list, tmp: Path) -> dict:
     report = str(tmp / "report")
-    # fork: the children start with harness already imported (spawn would import it again in each,
-    # several seconds apiece on a loaded 2-core runner)
+    # forkserver with this module preloaded: the workers fork from a process that has imported
+    # harness but never computed (a plain fork of this process, whose OpenMP pool has run, can
+    # deadlock in the child; spawn would import everything again in each worker)
+    multiprocessing.set_forkserver_preload([__name__])
     ctx = torch.multiprocessing.start_processes(
-        _worker, args=(world, _free_port(), cases, report), nprocs=world, join=True, start_method="fork"
+        _worker, args=(world, _free_port(), cases, report), nprocs=world, join=True, start_method="forkserver"
     )
     assert ctx is None or ctx.join()
     results = [json.loads(Path(f"{report}.{r}").read_text()) for r in range(world)]
