@@ -152,7 +152,9 @@ class Dist:
     @property
     def device(self) -> torch.device:
         """Where this group's collectives take their tensors (NCCL: this rank's GPU)."""
-        return torch.device("cuda", self.launch.local_rank) if self.backend == "nccl" else torch.device("cpu")
+        if self.backend == "nccl":
+            return torch.device("cuda", self.launch.local_rank)
+        return torch.device("cpu")
 
     @property
     def fsdp(self) -> bool:
@@ -273,10 +275,15 @@ def parallelize(model: torch.nn.Module, backend, cfg, dist: Dist) -> Replicated:
     group, reducer = None, None
     if dist.active and not cfg.parallel.tp_only_amax_red:
         group, reducer = (dist.group or torch.distributed.group.WORLD), dist.max_
+    elif dist.active:
+        # --tp-only-amax-red without tensor parallelism: a group of this rank alone (TE reduces over
+        # the default group when it is handed none)
+        group = torch.distributed.new_subgroups(group_size=1)[0]
     backend.set_amax_reduction(group, reducer)
-    if dist.fsdp:
-        return FullyShard(model, backend, cfg, dist)
-    return Replicated(model, backend, cfg, dist)
+    strategy = FullyShard if dist.fsdp else Replicated
+    out = strategy(model, backend, cfg, dist)
+    out.amax_reduced = reducer is not None
+    return out
 
 
 class Replicated:
@@ -288,6 +295,7 @@ class Replicated:
     def __init__(self, model, backend, cfg, dist: Dist):
         self.model, self.backend, self.cfg, self.dist = model, backend, cfg, dist
         self.sharded_states = False
+        self.amax_reduced = False
 
     def build_optimizer(self, model, ocfg):
         opt = self.backend.build_optimizer(model, ocfg)
@@ -319,7 +327,7 @@ class Replicated:
     def describe(self) -> dict:
         out = self.dist.describe()
         out["sharded_optimizer_states"] = self.sharded_states
-        out["amax_reduction"] = "data_parallel" if self.backend.amax_group is not None else "local"
+        out["amax_reduction"] = "data_parallel" if self.amax_reduced else "local"
         return out
 
 

@@ -120,7 +120,8 @@ class Trainer:
         self.logger = logger if logger is not None else NullLogger()
         self.device = device_for(cfg.hardware)
         if self.device.type == "cuda" and self.dist.active:
-            self.device = torch.device("cuda", self.dist.launch.local_rank)
+            # ranks beyond the GPU count share them (gloo tests on one GPU); NCCL needs one GPU each
+            self.device = torch.device("cuda", self.dist.launch.local_rank % torch.cuda.device_count())
         seed_everything(cfg.seed)  # the same seed on every rank: the same initial weights
         self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
         self.backend = build_backend(backend_spec(cfg), self.device)

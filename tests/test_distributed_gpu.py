@@ -1,4 +1,5 @@
-"""GPU, 2 GPUs and more (marked gpu and multigpu): data parallel with Transformer Engine over NCCL.
+"""GPU: data parallel with Transformer Engine. On one GPU: 2 ranks sharing it over gloo (TE's amax
+reduction group, histories equal on both ranks). On 2 GPUs and more (also marked multigpu), NCCL:
 
 - DDP and FSDP2 on TE for bf16, tensorwise and delayed: the 2-GPU loss curve follows the 1-GPU
   run of the same global batch (TE's GEMMs are not batch-split invariant, and delayed scaling's
@@ -26,11 +27,12 @@ from harness.config import load
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.multigpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
-    ),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
     pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs TE"),
+]
+multigpu = [
+    pytest.mark.multigpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
 ]
 
 BASE = [
@@ -70,7 +72,7 @@ def _curve(run_dir: Path) -> list[float]:
     return [r["loss/train"] for r in rows if r.get("loss/train") is not None]
 
 
-def _worker(rank, world, port, cases, report):
+def _worker(rank, world, port, cases, report, backend="nccl"):
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -78,10 +80,9 @@ def _worker(rank, world, port, cases, report):
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    torch.cuda.set_device(rank)
-    torch.distributed.init_process_group(
-        "nccl", timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", rank)
-    )
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    kwargs = {"device_id": torch.device("cuda", rank)} if backend == "nccl" else {}
+    torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=120), **kwargs)
     results = {}
     try:
         for name, kind, overrides, run_dir in cases:
@@ -108,7 +109,11 @@ def _histories(overrides, run_dir):
     from harness.train import Trainer
 
     cfg = load(BASE + overrides)
-    trainer = Trainer(cfg, run_dir, dist=D.Dist(D.launch_env(), cfg.parallel.strategy, None, "nccl"))
+    trainer = Trainer(
+        cfg,
+        run_dir,
+        dist=D.Dist(D.launch_env(), cfg.parallel.strategy, None, torch.distributed.get_backend()),
+    )
     out = []
     for step in range(3):
         trainer.train_step(step)
@@ -135,7 +140,11 @@ def _fp8_params(overrides, run_dir):
     from harness.train import Trainer
 
     cfg = load(BASE + overrides)
-    trainer = Trainer(cfg, run_dir, dist=D.Dist(D.launch_env(), cfg.parallel.strategy, None, "nccl"))
+    trainer = Trainer(
+        cfg,
+        run_dir,
+        dist=D.Dist(D.launch_env(), cfg.parallel.strategy, None, torch.distributed.get_backend()),
+    )
     kinds = sorted(
         {
             type(p.to_local() if isinstance(p, DTensor) else p).__name__
@@ -148,6 +157,30 @@ def _fp8_params(overrides, run_dir):
 
 
 KINDS = {"run": _run, "histories": _histories, "fp8_params": _fp8_params}
+
+
+def test_two_ranks_share_one_gpu_over_gloo(tmp_path):
+    """Runs on one GPU: 2 ranks on the same GPU, gloo, DDP with TE's delayed scaling. TE reduces the
+    amaxes over the group lowp hands it (amax_reduction_group): both ranks hold the same histories
+    and scales after every step, and the run follows one process on the same global batch."""
+    from harness.train import run
+
+    gloo = ["parallel=ddp", "parallel.backend=gloo", "recipe=delayed"]
+    cases = [
+        ("hist", "histories", gloo, str(tmp_path / "h")),
+        ("run", "run", gloo, str(tmp_path / "r")),
+        ("local", "histories", [*gloo, "parallel.tp_only_amax_red=true"], str(tmp_path / "l")),
+    ]
+    report = str(tmp_path / "report")
+    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), cases, report, "gloo"), nprocs=2, join=True)
+    results = [json.loads(Path(f"{report}.{r}").read_text()) for r in range(2)]
+    a, b = (_ok(r, "hist")["steps"] for r in results)
+    assert a == b
+    la, lb = (_ok(r, "local")["steps"] for r in results)
+    assert la != lb  # without the reduction each rank keeps its own amaxes: the test can tell
+    assert _ok(results[0], "run")["status"] == "completed"
+    run(load(BASE + ["recipe=delayed", "micro_batch_size=16"]), tmp_path / "one")
+    assert _curve(tmp_path / "r") == pytest.approx(_curve(tmp_path / "one"), rel=REL)
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +211,8 @@ def _ok(result: dict, name: str) -> dict:
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("recipe", ["bf16", "tensorwise", "delayed"])
+@multigpu[0]
+@multigpu[1]
 def test_two_gpus_follow_one_gpu(two_gpus, strategy, recipe, tmp_path):
     from harness.train import run
 
@@ -191,6 +226,8 @@ def test_two_gpus_follow_one_gpu(two_gpus, strategy, recipe, tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@multigpu[0]
+@multigpu[1]
 def test_delayed_amax_history_equal_on_every_rank(two_gpus, strategy):
     results, _ = two_gpus
     a, b = (_ok(r, f"hist-{strategy}")["steps"] for r in results)
@@ -198,6 +235,8 @@ def test_delayed_amax_history_equal_on_every_rank(two_gpus, strategy):
 
 
 @pytest.mark.parametrize("case", ["fp8-fsdp2", "fp8-ddp-zero"])
+@multigpu[0]
+@multigpu[1]
 def test_fp8_params_are_gathered_in_fp8_and_train(two_gpus, case):
     results, _ = two_gpus
     got, ref = _ok(results[0], case), _ok(results[0], "nofp8-fsdp2")
