@@ -280,7 +280,10 @@ def _save(run_dir: Path, step: int, tree: dict, keep: int, dist=None, tmp_tag: s
         dist.barrier()
     try:
         tensors, skeleton = split(tree)
-        _dcp_save(tensors, tmp, sharded=dist is not None)
+        if dist is None:
+            _dcp_save(tensors, tmp)
+        else:
+            _dcp_save(tensors, tmp, sharded=True)
         if not main:
             dist.barrier()  # rank 0 finishes the checkpoint
             return final

@@ -263,8 +263,7 @@ class Trainer:
                 step + 1,
                 self.state_dict(step + 1, summary),
                 self.cfg.checkpoint_keep,
-                dist=self.dist,
-                sharded=self.dist.fsdp,
+                **({"dist": self.dist, "sharded": self.dist.fsdp} if self.dist.active else {}),
             )
         except OSError as exc:
             raise ckpt.CheckpointError(
