@@ -22,10 +22,22 @@ LR = "optim/lr"
 GRAD_NORM = "optim/grad_norm"
 STEP_MS = "time/step_ms"
 TOKENS_PER_S = "throughput/tokens_per_s"
+TOKENS_PER_S_PER_GPU = "throughput/tokens_per_s_per_gpu"
 TFLOPS = "throughput/tflops"
 MFU = "throughput/mfu"
 PEAK_MEM_GIB = "memory/peak_allocated_gib"
-METRIC_KEYS = (LOSS_TRAIN, LOSS_EVAL, LR, GRAD_NORM, STEP_MS, TOKENS_PER_S, TFLOPS, MFU, PEAK_MEM_GIB)
+METRIC_KEYS = (
+    LOSS_TRAIN,
+    LOSS_EVAL,
+    LR,
+    GRAD_NORM,
+    STEP_MS,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    TFLOPS,
+    MFU,
+    PEAK_MEM_GIB,
+)
 NUMERICS_PREFIX = "numerics/"
 """Telemetry summaries inside metrics.jsonl: `numerics/<layer>/<tensor>/<stat>`."""
 
@@ -60,6 +72,9 @@ SUMMARY_FIELDS = (
     "diverged_step",
     "divergence_cause",
     "error",
+    "world_size",
+    "tokens_per_s_per_gpu",
+    "failed_rank",
 )
 COMPLETED, DIVERGED, FAILED, PREEMPTED = "completed", "diverged", "failed", "preempted"
 INCOMPLETE = "incomplete"

@@ -271,9 +271,7 @@ def cli(mod, argv: list[str] | None) -> int:
     full = mod.__spec__.name if getattr(mod, "__spec__", None) else mod.__name__
     name = full.removeprefix("benchmarks.")
     raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {full}", description=mod.__doc__, formatter_class=raw
-    )
+    parser = argparse.ArgumentParser(prog=f"python -m {full}", description=mod.__doc__, formatter_class=raw)
     add_arguments(parser, mod.Options)
     args = parser.parse_args(argv)
     try:

@@ -21,6 +21,7 @@ import random
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def dumps(obj) -> str:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # ranks of one job may write at once
     tmp.write_text(json.dumps(_clean(obj), default=_json_default, indent=1, allow_nan=False))
     os.replace(tmp, path)
 
@@ -156,6 +157,37 @@ class Summary:
     diverged_step: int | None = None
     divergence_cause: str | None = None
     error: str | None = None
+    world_size: int = 1
+    """Data-parallel ranks; tokens_per_s is the job's, tokens_per_s_per_gpu the mean per rank."""
+    tokens_per_s_per_gpu: float | None = None
+    failed_rank: int | None = None
+    """The rank whose failure ended the run (the earliest to fail), with several ranks."""
+
+
+def write_rank_failure(run_dir: Path, rank: int, error: str, trace: str) -> None:
+    """A failing rank's record in the run dir, error.rank<r>.txt: when (first line), what, where."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = f"{time.time():.6f} rank {rank}\n{error}\n\n{trace}"
+    tmp = run_dir / f".error.rank{rank}.txt.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, run_dir / f"error.rank{rank}.txt")
+
+
+def first_rank_failure(run_dir: Path) -> tuple[int, str] | None:
+    """(rank, error) of the earliest error.rank<r>.txt: the failure the others' errors follow from."""
+    found = []
+    for path in Path(run_dir).glob("error.rank*.txt"):
+        try:
+            stamp, _, rest = path.read_text().partition("\n")
+            when, rank = float(stamp.split()[0]), int(stamp.split()[2])
+        except (OSError, ValueError, IndexError):
+            continue
+        found.append((when, rank, rest.partition("\n")[0]))
+    if not found:
+        return None
+    _, rank, error = min(found)
+    return rank, error
 
 
 class RunWriter:
@@ -217,6 +249,9 @@ class NullWriter:
         pass
 
     def summary(self, summary: Summary) -> None:
+        pass
+
+    def error(self, text: str) -> None:
         pass
 
     def close(self) -> None:

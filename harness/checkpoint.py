@@ -62,7 +62,7 @@ def split(tree, prefix: str = "") -> tuple[dict[str, torch.Tensor], object]:
         if isinstance(obj, torch.Tensor):
             key = path or "_"
             assert key not in tensors, key
-            if type(obj) is not torch.Tensor and hasattr(obj, "dequantize"):
+            if type(obj) is not torch.Tensor and hasattr(obj, "dequantize") and not _is_dtensor(obj):
                 obj = (
                     obj.dequantize()
                 )  # TE's quantized weights (fp8_param): stored by value, re-quantized on load
@@ -83,6 +83,13 @@ def split(tree, prefix: str = "") -> tuple[dict[str, torch.Tensor], object]:
         raise TypeError(f"checkpoint state at {path or '<root>'}: cannot store a {type(obj).__name__}")
 
     return tensors, walk(tree, prefix)
+
+
+def _is_dtensor(t) -> bool:
+    """FSDP2's sharded tensors: stored shard by shard by DCP, never gathered here."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def join(skeleton, tensors: dict[str, torch.Tensor]):
@@ -159,10 +166,14 @@ def _reader(path: Path):
     return SafeReader(str(path))
 
 
-def _dcp_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+def _dcp_save(tensors: dict[str, torch.Tensor], path: Path, sharded: bool = False) -> None:
+    """sharded: a collective of every rank, each writing its own shards of the DTensors (FSDP2)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
+    if sharded:
+        dcp.save(tensors, storage_writer=FileSystemWriter(str(path), sync_files=True))
+        return
     cpu = {k: v.cpu() for k, v in tensors.items()}  # DCP stages device tensors itself; CPU keeps it simple
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -226,17 +237,56 @@ def candidates(run_dir: Path) -> list[Path]:
     return sorted(dirs, key=lambda p: int(p.name[len(_PREFIX) :]), reverse=True)
 
 
-def save(run_dir: Path, step: int, tree: dict, keep: int) -> Path:
-    """Write `tree` as checkpoint `step` atomically; keep the newest `keep` (>= 1). Returns its path."""
+def save(run_dir: Path, step: int, tree: dict, keep: int, dist=None, sharded: bool = False) -> Path:
+    """Write `tree` as checkpoint `step` atomically; keep the newest `keep` (>= 1). Returns its path.
+
+    Data parallel (`dist`, a harness.distributed.Dist): every rank calls it. Replicated state (DDP):
+    rank 0 writes it alone. `sharded` (FSDP2's DTensors): every rank writes its shards into the
+    one DCP directory, rank 0 the JSON and the manifest, then renames. Either way the others wait
+    until the checkpoint is whole, so no rank runs ahead of a checkpoint that may still fail."""
+    if dist is not None and dist.active:
+        return _save_ranks(run_dir, step, tree, keep, dist, sharded)
+    return _save(run_dir, step, tree, keep)
+
+
+def _save_ranks(run_dir: Path, step: int, tree: dict, keep: int, dist, sharded: bool) -> Path:
+    final = Path(run_dir) / DIRNAME / name_of(step)
+    if not sharded:
+        error = None
+        if dist.is_main:
+            try:
+                _save(run_dir, step, tree, keep)
+            except BaseException as exc:  # noqa: BLE001 - the others must hear of it, then re-raised
+                error = exc
+        message = dist.broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(f"rank 0 could not write checkpoint {step}: {message}")
+        return final
+    pid = dist.broadcast_object(os.getpid())  # one temporary directory for all ranks: rank 0's
+    return _save(run_dir, step, tree, keep, dist=dist, tmp_tag=str(pid))
+
+
+def _save(run_dir: Path, step: int, tree: dict, keep: int, dist=None, tmp_tag: str | None = None) -> Path:
+    main = dist is None or dist.is_main
     root = Path(run_dir) / DIRNAME
     root.mkdir(parents=True, exist_ok=True)
     final = root / name_of(step)
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
+    tmp = root / f".tmp-{final.name}-{tmp_tag or os.getpid()}"
+    if main and tmp.exists():
         shutil.rmtree(tmp)
+    if dist is not None:
+        dist.barrier()
     try:
         tensors, skeleton = split(tree)
-        _dcp_save(tensors, tmp)
+        if dist is None:
+            _dcp_save(tensors, tmp)
+        else:
+            _dcp_save(tensors, tmp, sharded=True)
+        if not main:
+            dist.barrier()  # rank 0 finishes the checkpoint
+            return final
         _write_json(tmp / STATE, {"format": FORMAT, "step": step, "tree": skeleton})
         files = sorted(p.name for p in tmp.iterdir())
         manifest = {
@@ -251,12 +301,15 @@ def save(run_dir: Path, step: int, tree: dict, keep: int) -> Path:
         os.replace(tmp, final)
         _fsync(root)
     except BaseException:
-        shutil.rmtree(
-            tmp, ignore_errors=True
-        )  # an interrupted write leaves the older checkpoints as they were
+        if main:
+            shutil.rmtree(
+                tmp, ignore_errors=True
+            )  # an interrupted write leaves the older checkpoints as they were
         raise
     for old in candidates(run_dir)[max(1, keep) :]:
         shutil.rmtree(old, ignore_errors=True)
+    if dist is not None:
+        dist.barrier()
     return final
 
 

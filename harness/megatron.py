@@ -265,6 +265,34 @@ def optimizer_flags(cfg: Config) -> Part:
     return flags, notes
 
 
+def data_parallel_size(cfg: Config) -> int:
+    """The ranks the export's torchrun starts: this job's world size (torchrun/Slurm environment)
+    under a parallel strategy, else 1."""
+    from harness.config.validate import world_size
+
+    return world_size() if cfg.parallel.strategy != "none" else 1
+
+
+def parallel_flags(cfg: Config) -> Part:
+    """Data parallelism: Megatron's DDP is its default; FSDP2 and the amax group have flags."""
+    p = cfg.parallel
+    flags: list[Flag] = []
+    notes: list[str] = []
+    if p.strategy == "fsdp2":
+        flags.append(("--use-torch-fsdp2", None))
+        flags.append(("--ckpt-format", "torch_dist"))
+    if p.tp_only_amax_red:
+        flags.append(("--tp-only-amax-red", None))
+    dp = data_parallel_size(cfg)
+    if dp > 1:
+        accum = cfg.global_batch_size // (cfg.micro_batch_size * dp)
+        notes.append(
+            f"# data parallel over {dp} ranks ({p.strategy}): {accum} micro-batch(es) of "
+            f"{cfg.micro_batch_size} per rank per step (Megatron derives it from --global-batch-size)"
+        )
+    return flags, notes
+
+
 def training_flags(cfg: Config) -> Part:
     """Optimizer hyper-parameters and schedule, where they differ from Megatron's defaults."""
     o = cfg.optimizer
@@ -350,7 +378,16 @@ def megatron_args(cfg: Config) -> tuple[list[str], list[str]]:
     """(argv tokens, comment lines) for Megatron-LM's pretrain_gpt.py."""
     argv: list[str] = []
     notes: list[str] = []
-    for part in (model_flags, recipe_flags, stability_flags, optimizer_flags, training_flags, run_flags):
+    parts = (
+        model_flags,
+        recipe_flags,
+        stability_flags,
+        optimizer_flags,
+        parallel_flags,
+        training_flags,
+        run_flags,
+    )
+    for part in parts:
         flags, part_notes = part(cfg)
         notes += part_notes
         for flag, value in flags:
@@ -381,7 +418,11 @@ def render(cfg: Config, fmt: str = "sh") -> str:
         return "\n".join([*notes, *lines])
     env = [f"{var}={v}" for var, v in nvte_env(cfg).items()]
     head = " ".join(
-        [*env, "torchrun --nproc-per-node 1", '"${MEGATRON_LM:?a Megatron-LM checkout}/pretrain_gpt.py"']
+        [
+            *env,
+            f"torchrun --nproc-per-node {data_parallel_size(cfg)}",
+            '"${MEGATRON_LM:?a Megatron-LM checkout}/pretrain_gpt.py"',
+        ]
     )
     return "\n".join([*notes, " \\\n  ".join([head, *lines])])
 

@@ -19,6 +19,7 @@ LR = "optim/lr"
 GRAD_NORM = "optim/grad_norm"
 STEP_MS = "time/step_ms"
 TOKENS_PER_S = "throughput/tokens_per_s"
+TOKENS_PER_S_PER_GPU = "throughput/tokens_per_s_per_gpu"
 TFLOPS = "throughput/tflops"
 MFU = "throughput/mfu"
 PEAK_MEM_GIB = "memory/peak_allocated_gib"
@@ -26,7 +27,18 @@ NUMERICS = "numerics"  # telemetry keys: numerics/<layer>/<tensor>/<stat>
 STEP = "step"
 TOKENS = "tokens"
 
-ALL_KEYS = (LOSS_TRAIN, LOSS_EVAL, LR, GRAD_NORM, STEP_MS, TOKENS_PER_S, TFLOPS, MFU, PEAK_MEM_GIB)
+ALL_KEYS = (
+    LOSS_TRAIN,
+    LOSS_EVAL,
+    LR,
+    GRAD_NORM,
+    STEP_MS,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    TFLOPS,
+    MFU,
+    PEAK_MEM_GIB,
+)
 
 
 class StepTimer:
@@ -93,7 +105,14 @@ class MetricsProcessor:
         flops_per_token: float,
         peak_tflops: float | None,
         log_interval: int,
+        dist=None,
     ):
+        """`dist` (harness.distributed.Dist): the loss is already the ranks' mean; tokens are the
+        global batch's; throughput is the job's total and per GPU (tokens/s over the ranks), MFU
+        per GPU; peak memory the maximum over the ranks."""
+        from harness.distributed import SINGLE
+
+        self.dist = dist or SINGLE
         self.device = device
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
@@ -149,12 +168,14 @@ class MetricsProcessor:
         }
         if ms:
             tps = self.tokens_per_step / (ms / 1e3)
-            tflops = tps * self.flops_per_token / 1e12
+            tflops = tps * self.flops_per_token / 1e12 / self.dist.world  # per GPU, as the peak is
             row[TOKENS_PER_S] = tps
+            row[TOKENS_PER_S_PER_GPU] = tps / self.dist.world
             row[TFLOPS] = tflops
             row[MFU] = tflops / self.peak_tflops if self.peak_tflops else None
         if self.device.type == "cuda":
-            row[PEAK_MEM_GIB] = torch.cuda.max_memory_allocated() / 2**30
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            row[PEAK_MEM_GIB] = self.dist.max_scalar(peak, self.device)
         return row
 
 

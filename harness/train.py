@@ -8,9 +8,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
+import shutil
+import signal
 import sys
 import time
 import traceback
@@ -25,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import artifacts as A
 from harness import checkpoint as ckpt
+from harness import distributed as D
 from harness import metrics as M
 from harness import recipes
 from harness import resume as R
@@ -104,8 +108,10 @@ class Trainer:
         writer: RunWriter | None = None,
         logger=None,
         stop: StopRequest | None = None,
+        dist: D.Dist | None = None,
     ):
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.dist = dist or D.SINGLE
         self.stop = stop or StopRequest()  # set by a signal: checkpoint and stop at the step boundary
         self.start_step = 0
         self.checkpoint_interval = checkpoint_interval(cfg)
@@ -113,19 +119,26 @@ class Trainer:
         self.writer = writer if writer is not None else NullWriter()
         self.logger = logger if logger is not None else NullLogger()
         self.device = device_for(cfg.hardware)
-        seed_everything(cfg.seed)
+        if self.device.type == "cuda" and self.dist.active:
+            # ranks beyond the GPU count share them (gloo tests on one GPU); NCCL needs one GPU each
+            self.device = torch.device("cuda", self.dist.launch.local_rank % torch.cuda.device_count())
+        seed_everything(cfg.seed)  # the same seed on every rank: the same initial weights
         self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
         self.backend = build_backend(backend_spec(cfg), self.device)
+        self.backend.data_parallel_size = self.dist.world
         self.model = self.backend.build_model()
         self.init = init_weights(self.model, cfg.init_from, cfg.model) if cfg.init_from else None
-        self.optimizer = self.backend.build_optimizer(self.model, cfg.optimizer)
+        self.parallel = D.parallelize(self.model, self.backend, cfg, self.dist)
+        self.optimizer = self.parallel.build_optimizer(self.model, cfg.optimizer)
         self.backend.prepare(self.model, self.optimizer)
-        self.accum = cfg.global_batch_size // cfg.micro_batch_size
+        self.accum = cfg.global_batch_size // (cfg.micro_batch_size * self.dist.world)
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
         n = count_params(self.model)
         self.flops_per_token = flops_per_token(cfg.model, n["non_embedding"])
         self.params = n
-        self.batches = self.data.train_batches(cfg.micro_batch_size, seed=cfg.seed)
+        self.batches = self.data.train_batches(
+            cfg.micro_batch_size, seed=cfg.seed, rank=self.dist.rank, world=self.dist.world
+        )
         self.micro_batches_seen = 0
         self.eval_set = self.data.eval_batches(cfg.eval_tokens, cfg.micro_batch_size)
         self.metrics = M.MetricsProcessor(
@@ -134,6 +147,7 @@ class Trainer:
             flops_per_token=self.flops_per_token,
             peak_tflops=self._peak("bf16"),
             log_interval=cfg.log_interval,
+            dist=self.dist,
         )
 
     def _peak(self, dtype: str) -> float | None:
@@ -152,8 +166,10 @@ class Trainer:
         set_lr(self.optimizer, lr)
         telemetry = self.cfg.telemetry_interval > 0 and step % self.cfg.telemetry_interval == 0
         total = torch.zeros((), device=self.device)
+        scale = self.parallel.loss_divisor(self.accum)  # the micro-batch's share of the global mean
         for micro in range(self.accum):
             self.backend.microbatch(micro, self.accum)
+            self.parallel.before_backward(micro, self.accum)
             x, y = self._next_batch()
             with ExitStack() as stack:
                 rows = (
@@ -162,12 +178,16 @@ class Trainer:
                     else None
                 )
                 with self.backend.autocast():
-                    loss = self.model.loss(x, y) / self.accum
+                    loss = self.model.loss(x, y) / scale
                 loss.backward()
             if rows:
                 self._log_telemetry(step, rows)
             total += loss.detach()
         self.backend.microbatch(None, self.accum)
+        self.parallel.reduce_gradients(self.optimizer)  # DDP: one SUM over the ranks per step
+        self.dist.sum_([total])  # the global batch's mean loss on every rank
+        if self.dist.fsdp:
+            total /= self.dist.world
         # the norm costs a pass over every gradient: only when clipping needs it or this step logs it
         clip = self.cfg.optimizer.clip_grad
         logs = self.metrics.should_log(step, self.cfg.steps - 1)
@@ -220,8 +240,10 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict, summary: Summary) -> None:
-        self.backend.load_model_state_dict(self.model, state["model"])
-        self.optimizer.load_state_dict(ckpt.key_by_index(state["optimizer"], self._param_names()))
+        """`state` holds whole tensors (a checkpoint of any world size): FSDP2 keeps its shards."""
+        self.backend.load_model_state_dict(self.model, self.parallel.localize_model(state["model"]))
+        optim = ckpt.key_by_index(state["optimizer"], self._param_names())
+        self.optimizer.load_state_dict(self.parallel.localize_optimizer(optim, self.optimizer.params))
         self.backend.load_state_dict(state["backend"])
         self.batches.load_state_dict(state["data"])
         self.micro_batches_seen = self.batches.position
@@ -237,7 +259,11 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             path = ckpt.save(
-                self.run_dir, step + 1, self.state_dict(step + 1, summary), self.cfg.checkpoint_keep
+                self.run_dir,
+                step + 1,
+                self.state_dict(step + 1, summary),
+                self.cfg.checkpoint_keep,
+                **({"dist": self.dist, "sharded": self.dist.fsdp} if self.dist.active else {}),
             )
         except OSError as exc:
             raise ckpt.CheckpointError(
@@ -284,6 +310,14 @@ class Trainer:
                 synced = saved = True
             if synced:
                 self.metrics.timer.cold.add(step + 1)
+            if (
+                self.dist.active
+                and self.dist.any(self.stop.requested, self.device)
+                and not self.stop.requested
+            ):
+                self.stop.signum = (
+                    signal.SIGTERM
+                )  # a signal reaches the ranks at different times: all stop here
             if self.stop.requested and step + 1 < cfg.steps:
                 if not saved and interval >= 0:
                     self.checkpoint(step, summary)
@@ -336,15 +370,19 @@ class Trainer:
         cfg = self.cfg
         ms = self.metrics.timer.median_ms(after_step=min(cfg.bench_warmup_steps, max(summary.steps - 1, 0)))
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        if peak is not None:
+            peak = int(self.dist.max_scalar(float(peak), self.device))  # the fullest rank
         summary.loss_floor = self.data.loss_floor
-        summary.memory = breakdown(self.model, self.optimizer, peak_bytes=peak)
+        summary.memory = breakdown(self.model, self.optimizer, peak_bytes=peak)  # this rank's (rank 0)
         summary.peak_mem_gib = peak / 2**30 if peak is not None else None
+        summary.world_size = self.dist.world
         if ms:
             summary.step_time_ms = ms
             summary.tokens_per_s = self.tokens_per_step / (ms / 1e3)
+            summary.tokens_per_s_per_gpu = summary.tokens_per_s / self.dist.world
             spec = recipes.get(cfg.recipe.name)
             summary.mfu_bf16_peak, summary.mfu_recipe_peak = M.summary_mfu(
-                summary.tokens_per_s * self.flops_per_token / 1e12,
+                summary.tokens_per_s_per_gpu * self.flops_per_token / 1e12,
                 bf16_peak=self._peak("bf16"),
                 recipe_peak=self._peak(spec.peak_dtype),
                 # emulated speed is not the recipe's speed: no MFU claimed for it
@@ -360,14 +398,43 @@ def run(
     `cfg` comes from `harness.config.load` (or a composed Config: it is prepared here the same way,
     hardware resolved, stability overrides resolved, validated) before anything is written. One
     process at a time writes a run dir (RunLock); with a checkpoint there and resume=auto|must the run
-    continues from it; a failure is recorded in summary.json and error.txt, then re-raised."""
+    continues from it; a failure is recorded in summary.json and error.txt, then re-raised.
+
+    Under torchrun or Slurm tasks every rank calls this: the process group starts here (after
+    validation), rank 0's run dir is everyone's, and only rank 0 writes run.json, metrics and W&B."""
     config_warnings: list[str] = []
     cfg = prepare(cfg, warnings_out=config_warnings)
-    run_dir = Path(run_dir)
-    with RunLock(run_dir):
-        found = _resume_point(cfg, run_dir)
+    p = cfg.parallel
+    dist = D.setup(p.strategy, p.backend, p.timeout_s, device_for(cfg.hardware))
+    try:
+        run_dir = _shared_run_dir(dist, Path(run_dir))
+        if not dist.is_main:
+            logging.getLogger("lowp").setLevel(logging.WARNING)  # rank 0 speaks for the job
+        return _run(cfg, run_dir, stop, resume_command, config_warnings, dist)
+    finally:
+        D.teardown(dist)
+
+
+def _shared_run_dir(dist: D.Dist, run_dir: Path) -> Path:
+    """Rank 0's run dir for every rank (Hydra stamps each rank's own time into its default dir);
+    a rank's own Hydra dir that holds nothing but Hydra's files is removed."""
+    if not dist.active:
+        return run_dir
+    shared = Path(dist.broadcast_object(str(run_dir.resolve())))
+    own = run_dir.resolve()
+    if own != shared and own.is_dir():
+        leftovers = [q for q in own.iterdir() if q.name != ".hydra" and not q.name.endswith(".log")]
+        if not leftovers:
+            shutil.rmtree(own, ignore_errors=True)
+    return shared
+
+
+def _run(cfg, run_dir, stop, resume_command, config_warnings, dist: D.Dist) -> Summary:
+    lock = RunLock(run_dir) if dist.is_main else contextlib.nullcontext()
+    with _agreed(dist, lock):
+        found = _agreed_resume_point(cfg, run_dir, dist)
         previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
-        if found:
+        if found and dist.is_main:
             dropped = R.truncate_rows(run_dir, found[1])
             log.info("resuming %s from %s (rows dropped after its step: %s)", run_dir, found[0].name, dropped)
         backend_name = resolve_backend_name(cfg.backend.name, cfg.recipe.name)
@@ -380,18 +447,71 @@ def run(
             seed=cfg.seed,
         )
         config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-        with open_logger(
-            cfg.logger,
-            run_dir=run_dir,
-            name=cfg.name or f"{cfg.recipe.name}-s{cfg.seed}",
-            group=_sweep_group(run_dir),
-            job_type=cfg.recipe.name,
-            tags=[cfg.recipe.name, backend_name, variant(cfg)],
-            config=config,
-            run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
-        ) as logger:
-            job = _Job(cfg, run_dir, summary, config, logger, stop or StopRequest(), found, previous)
+        tracker = (
+            open_logger(
+                cfg.logger,
+                run_dir=run_dir,
+                name=cfg.name or f"{cfg.recipe.name}-s{cfg.seed}",
+                group=_sweep_group(run_dir),
+                job_type=cfg.recipe.name,
+                tags=[cfg.recipe.name, backend_name, variant(cfg)],
+                config=config,
+                run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
+            )
+            if dist.is_main
+            else contextlib.nullcontext(NullLogger())
+        )
+        with tracker as logger:
+            job = _Job(cfg, run_dir, summary, config, logger, stop or StopRequest(), found, previous, dist)
             return job.train(resume_command, config_warnings)
+
+
+@contextlib.contextmanager
+def _agreed(dist: D.Dist, context):
+    """Enter `context` on rank 0 (the run lock) and tell the others whether it could: a rank that
+    finds the run dir locked must not leave the others waiting in the first collective."""
+    error = None
+    try:
+        context.__enter__()
+    except BaseException as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
+        error = exc
+    message = dist.broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if message is not None:
+        raise RunDirLocked(message.split(": ", 1)[-1])
+    try:
+        yield
+    except BaseException:
+        if not context.__exit__(*sys.exc_info()):
+            raise
+    else:
+        context.__exit__(None, None, None)
+
+
+def _agreed_resume_point(cfg: Config, run_dir: Path, dist: D.Dist):
+    """Rank 0 decides where the run starts (it may move old files aside); every rank loads that."""
+    if not dist.active:
+        return _resume_point(cfg, run_dir)
+    found, error = None, None
+    if dist.is_main:
+        try:
+            found = _resume_point(cfg, run_dir)
+        except BaseException as exc:  # noqa: BLE001 - shared with the other ranks, then re-raised
+            error = exc
+    decision = dist.broadcast_object(
+        ("error", f"{type(error).__name__}: {error}") if error else ("path", str(found[0]) if found else None)
+    )
+    if error is not None:
+        raise error
+    kind, value = decision
+    if kind == "error":
+        raise ConfigError(value.split(": ", 1)[-1])
+    if dist.is_main or value is None:
+        return found
+    path = Path(value)
+    step, tree = ckpt.load_one(path)
+    return path, step, tree
 
 
 def _resume_point(cfg: Config, run_dir: Path) -> tuple[Path, int, dict] | None:
@@ -426,16 +546,36 @@ def _resume_point(cfg: Config, run_dir: Path) -> tuple[Path, int, dict] | None:
 class _Job:
     """One attempt of one run: what `run` opened, handed to the trainer."""
 
-    def __init__(self, cfg, run_dir, summary, config, logger, stop, found, previous):
+    def __init__(self, cfg, run_dir, summary, config, logger, stop, found, previous, dist=D.SINGLE):
         self.cfg, self.run_dir, self.summary, self.config, self.logger = cfg, run_dir, summary, config, logger
-        self.stop, self.found, self.previous = stop, found, previous
+        self.stop, self.found, self.previous, self.dist = stop, found, previous, dist
+
+    agreed = False
+
+    def _agree(self, failed: bool) -> None:
+        """Every rank's way out, once: a rank that failed outside a collective (an eval, the last
+        step's summary) would leave the others reporting success. Failing ranks take part too
+        (their peers may be gone already: then there is nothing to agree with)."""
+        if not self.dist.active or self.agreed:
+            return
+        self.agreed = True
+        try:
+            any_failed = self.dist.any(failed)
+        except Exception:  # noqa: BLE001 - a peer gone: the collective fails, the failure is known
+            if failed:
+                return
+            raise
+        if any_failed and not failed:
+            first = A.first_rank_failure(self.run_dir)
+            raise RankFailed(f"another rank failed: {first[1] if first else 'see its error.rank*.txt'}")
 
     def train(self, resume_command: str | None, config_warnings: list[str]) -> Summary:
         """Build the trainer, fit, and write the summary on every way out (atomic, also on failure)."""
         cfg, run_dir, summary, logger, found = self.cfg, self.run_dir, self.summary, self.logger, self.found
-        writer = RunWriter(run_dir, append=found is not None)
+        dist = self.dist
+        writer = RunWriter(run_dir, append=found is not None) if dist.is_main else NullWriter()
         try:
-            trainer = Trainer(cfg, run_dir, writer, logger, self.stop)
+            trainer = Trainer(cfg, run_dir, writer, logger, self.stop, dist)
         except (
             ValueError
         ) as exc:  # bad data path, vocab, unsupported recipe: config problems, before any work
@@ -465,6 +605,7 @@ class _Job:
             else:
                 trainer.fit(summary)
             trainer.finalize(summary)
+            self._agree(failed=False)
             summary.wall_time_s = time.perf_counter() - t0
             if summary.status == A.PREEMPTED:
                 logger.mark_preempting()
@@ -473,6 +614,10 @@ class _Job:
             summary.status = A.PREEMPTED if isinstance(exc, KeyboardInterrupt) else A.FAILED
             summary.error = f"{type(exc).__name__}: {exc}".strip()
             writer.error(f"{summary.error}\n\n{traceback.format_exc()}")
+            if dist.active:
+                A.write_rank_failure(run_dir, dist.rank, summary.error, traceback.format_exc())  # first
+                self._agree(failed=True)
+                _rank_failed(run_dir, dist, summary)
             where = "" if isinstance(exc, USER_ERRORS) else f" (traceback in {run_dir}/error.txt)"
             log.error("run %s: %s%s", summary.status, summary.error, where)
             raise
@@ -481,6 +626,24 @@ class _Job:
             writer.summary(summary)
             writer.close()
         return summary
+
+
+class RankFailed(RuntimeError):
+    """Another rank of the job failed where this one did not notice (no collective in between)."""
+
+
+def _rank_failed(run_dir: Path, dist: D.Dist, summary: Summary) -> None:
+    """Several ranks (this rank's failure recorded): name the earliest failing rank in the summary
+    (the others' errors are its consequences: a closed connection, a collective's timeout), and
+    write summary.json from this rank too unless it is rank 0 (which writes it anyway): the
+    launcher may kill rank 0 before it gets there."""
+    first = A.first_rank_failure(run_dir) or (dist.rank, summary.error)
+    summary.failed_rank = first[0]
+    summary.error = f"rank {first[0]} of {dist.world}: {first[1]}"
+    if not dist.is_main:
+        A.write_json_atomic(
+            Path(run_dir) / "summary.json", asdict(summary)
+        )  # not RunWriter: it opens metrics
 
 
 def _run_json(
@@ -499,6 +662,7 @@ def _run_json(
         flops_per_token=trainer.flops_per_token,
         tokens_per_step=trainer.tokens_per_step,
         grad_accumulation=trainer.accum,
+        parallel=trainer.parallel.describe(),
     )
     attempts = (previous or {}).get("attempts", []) + [R.attempt(resumed_from)]
     return {

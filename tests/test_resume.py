@@ -40,7 +40,7 @@ RECIPES = {
     "blockwise": ["recipe=blockwise"],
     "nvfp4": ["recipe=nvfp4"],  # stochastic rounding is on by default
 }
-TIMING = (M.STEP_MS, M.TOKENS_PER_S, M.TFLOPS, M.MFU)
+TIMING = (M.STEP_MS, M.TOKENS_PER_S, M.TOKENS_PER_S_PER_GPU, M.TFLOPS, M.MFU)
 
 
 def attempt(run_dir: Path, overrides: list[str], fault_step: int | None = None, sig=signal.SIGKILL) -> int:

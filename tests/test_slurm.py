@@ -25,7 +25,7 @@ from tests.helpers import REPO
 from tests.slurm.cluster import Cluster, allowed_to_install, ensure_installed, missing_binaries
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-TIMING = (M.STEP_MS, M.TOKENS_PER_S, M.TFLOPS, M.MFU)
+TIMING = (M.STEP_MS, M.TOKENS_PER_S, M.TOKENS_PER_S_PER_GPU, M.TFLOPS, M.MFU)
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +164,64 @@ def test_sweep_on_real_slurm_survives_requeues(slurm, tmp_path):
         got, want = curve(sweep_dir / job), curve(tmp_path / job)
         assert len(want) >= 40 and got == want, job
     print(f"\nslurm up {slurm.up_s:.1f}s; sweep of 4 jobs with 2 requeues {wall:.0f}s")
+
+
+def test_two_task_job_on_real_slurm(slurm, tmp_path):
+    """One job of 2 tasks (hydra.launcher.tasks_per_node=2): submitit starts the run in both, each
+    builds the process group from Slurm's environment (SLURM_PROCID/SLURM_NTASKS, master = the
+    node of the nodelist), and the DDP run equals one process on the same global batch."""
+    sweep_dir = tmp_path / "sweep"
+    env = {**slurm.env, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
+    common = [
+        "model=gpt_tiny",
+        "recipe=bf16",
+        "backend=emulated",
+        "logger=none",
+        "steps=6",
+        "log_interval=2",
+        "eval_interval=0",
+        "eval_tokens=1024",
+        "data.num_tokens=100000",
+        "micro_batch_size=2",
+        "global_batch_size=4",
+        "checkpoint_interval=-1",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.train",
+        "-m",
+        *common,
+        "parallel=ddp",
+        "parallel.timeout_s=120",
+        "hydra/launcher=slurm",
+        "hydra.launcher.tasks_per_node=2",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.poll_s=1",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    (job_dir,) = [p for p in sweep_dir.iterdir() if (p / "summary.json").exists()]
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2, summary
+    run = json.loads((job_dir / "run.json").read_text())
+    assert run["provenance"]["parallel"] == {
+        "strategy": "ddp",
+        "world_size": 2,
+        "launcher": "slurm",
+        "backend": "gloo",
+        "sharded_optimizer_states": False,
+        "amax_reduction": "data_parallel",
+    }
+    ref = tmp_path / "one"
+    one = subprocess.run(
+        [sys.executable, "-m", "harness.train", *common, f"hydra.run.dir={ref}"],
+        cwd=REPO,
+        env={k: v for k, v in env.items() if not k.startswith("SLURM_")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert curve(job_dir) == curve(ref)  # 2 ranks x 1 micro-batch == 1 process x 2, to the bit

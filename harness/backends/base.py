@@ -52,6 +52,11 @@ class Backend(ABC):
     """One per run. `autocast()` is the only precision context the training loop uses."""
 
     name: str
+    data_parallel_size = 1
+    """Ranks of the run's data-parallel group (set by the trainer)."""
+    amax_group = None
+    """Data parallel: the process group delayed scaling's amaxes are MAX-reduced over (TE's
+    amax_reduction_group); None with one process."""
 
     def __init__(self, spec: BackendSpec, device: torch.device):
         self.spec = spec
@@ -80,6 +85,11 @@ class Backend(ABC):
 
     def verify_active(self, model: nn.Module, step: int) -> None:  # noqa: B027
         """Prove at runtime that the recipe is really applied; raise if it silently is not."""
+
+    def set_amax_reduction(self, group, reducer) -> None:
+        """Data parallel: `group` for TE's autocast, `reducer(list of amax tensors)` for the emulator;
+        (None, None): amaxes stay local (one process, or --tp-only-amax-red without tensor parallel)."""
+        self.amax_group = group
 
     def prepare(self, model: nn.Module, optimizer) -> None:  # noqa: B027
         """Once, after the optimizer exists (e.g. TE INT4 QAT seeds master weights, then fake-quantizes)."""

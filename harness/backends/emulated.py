@@ -250,6 +250,10 @@ class EmulatedBackend(Backend):
         self.linear_names: list[str] = []
         self.modules: dict[str, QuantizedLinear | FakeQuantLinear] = {}
 
+    def set_amax_reduction(self, group, reducer) -> None:
+        super().set_amax_reduction(group, reducer)
+        self.numerics.amax_reducer = reducer  # same arithmetic as TE: MAX of the current amaxes
+
     def wgrad_fp32(self, name: str) -> bool:
         """TE's block linears (not the LM head, a plain BF16 nn.Linear there) write fp32 weight
         grads when Megatron's fp32 main grads are on; INT4 QAT never fuses them (numerics.md)."""
@@ -306,7 +310,7 @@ class EmulatedBackend(Backend):
                 "optimizer.optimizer_cpu_offload=true: the emulated backend's optimizer already runs "
                 "where the model does; the offload changes no number"
             )
-        if o.use_distributed_optimizer:
+        if o.use_distributed_optimizer and self.data_parallel_size == 1:
             notes.append("optimizer.use_distributed_optimizer=true: one process, nothing to shard")
         out["mapping_notes"] = notes
         return out

@@ -163,7 +163,9 @@ class TEBackend(Backend):
         if own is None:
             return lambda: self.te.autocast(enabled=False)
         nested = build_te_recipe(own, self.spec.stability)
-        return lambda: self.te.autocast(enabled=nested is not None, recipe=nested)
+        return lambda: self.te.autocast(
+            enabled=nested is not None, recipe=nested, amax_reduction_group=self.amax_group
+        )
 
     @staticmethod
     def _name_of(recipe: RecipeConfig | None) -> str:
@@ -194,7 +196,9 @@ class TEBackend(Backend):
         return model
 
     def autocast(self):
-        return self.te.autocast(enabled=self.recipe is not None, recipe=self.recipe)
+        return self.te.autocast(
+            enabled=self.recipe is not None, recipe=self.recipe, amax_reduction_group=self.amax_group
+        )
 
     def collect_telemetry(self):
         """Rows from TE's own quantizers; hooks exist only inside the block (te_telemetry.py)."""

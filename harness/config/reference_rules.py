@@ -64,11 +64,12 @@ def _precision_aware_needs_distributed(cfg: Config) -> str | None:
 def _fp8_param_needs_distributed(cfg: Config) -> str | None:
     o = cfg.optimizer
     # --fp4-param-gather has no such check in Megatron; the export maps fp8_param to it under FP4
-    if o.fp8_param and not cfg.recipe.fp4 and not o.use_distributed_optimizer:
+    fsdp = cfg.parallel.strategy == "fsdp2"  # Megatron's check admits --use-torch-fsdp2 as well
+    if o.fp8_param and not cfg.recipe.fp4 and not o.use_distributed_optimizer and not fsdp:
         return (
-            "optimizer.fp8_param=true needs optimizer.use_distributed_optimizer=true: Megatron "
-            "refuses --fp8-param-gather without the distributed optimizer (or FSDP) at any world "
-            "size, one GPU too; set it"
+            "optimizer.fp8_param=true needs optimizer.use_distributed_optimizer=true or parallel=fsdp2: "
+            "Megatron refuses --fp8-param-gather without the distributed optimizer (or FSDP) at any world "
+            "size, one GPU too; set one"
         )
     return None
 

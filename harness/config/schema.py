@@ -282,6 +282,29 @@ class DivergenceConfig:
 
 
 RESUME_MODES = ("auto", "never", "must")
+PARALLEL_STRATEGIES = ("none", "ddp", "fsdp2")
+
+
+@dataclass
+class ParallelConfig:
+    """Data parallelism over torch.distributed (docs/distributed.md); the world size comes from the
+    launcher's environment (torchrun's WORLD_SIZE/RANK, or Slurm's SLURM_NTASKS/SLURM_PROCID)."""
+
+    name: str = "none"
+    """Preset name."""
+    strategy: str = "none"
+    """none (one process), ddp (gradients all-reduced once per step, Megatron's DDP) or fsdp2
+    (torch.distributed.fsdp.fully_shard: parameters, gradients and optimizer state sharded)."""
+    backend: str = "auto"
+    """Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo."""
+    timeout_s: float = 600.0
+    """Collective timeout: a dead or stuck rank makes the others fail after this long, never hang."""
+    tp_only_amax_red: bool = False
+    """Delayed scaling: reduce amaxes over the tensor-parallel group only (--tp-only-amax-red); with
+    no tensor parallelism that is no reduction at all. false: MAX over the data-parallel group (TE's
+    default amax_reduction_group in Megatron)."""
+    reshard_after_forward: bool = True
+    """fsdp2: free the gathered parameters after forward (ZeRO-3); false keeps them to backward (ZeRO-2)."""
 
 
 @dataclass
@@ -297,6 +320,7 @@ class Config:
     backend: BackendConfig = field(default_factory=BackendConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     name: str | None = None
     """Run name (W&B name); null = derived from recipe and seed."""
     seed: int = 0
@@ -306,7 +330,7 @@ class Config:
     micro_batch_size: int = 8
     """Sequences per micro-batch."""
     global_batch_size: int = 8
-    """Sequences per optimizer step (accumulation = global / micro)."""
+    """Sequences per optimizer step over all ranks (accumulation = global / (micro x world size))."""
     eval_interval: int = 50
     """Steps between evals (and at the end); 0 = only at the end."""
     eval_tokens: int = 32768

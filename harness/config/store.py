@@ -16,6 +16,7 @@ GROUPS = {
     "data": schema.DataConfig,
     "backend": schema.BackendConfig,
     "logger": schema.LoggerConfig,
+    "parallel": schema.ParallelConfig,
 }
 
 

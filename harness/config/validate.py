@@ -7,7 +7,6 @@ Megatron export checks only these); `support_errors` is what lowp cannot run yet
 
 from __future__ import annotations
 
-import os
 import warnings
 
 from harness import recipes
@@ -44,6 +43,8 @@ NAMES = {
     "logger.name": ("wandb", "none"),
     "logger.wandb.mode": ("offline", "online", "disabled"),
     "resume": schema.RESUME_MODES,
+    "parallel.strategy": schema.PARALLEL_STRATEGIES,
+    "parallel.backend": ("auto", "gloo", "nccl"),
     "dtype": ("bf16",),
 }
 
@@ -56,7 +57,10 @@ def _get(cfg: Config, dotted: str):
 
 
 def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """Ranks of the job this process belongs to (torchrun's WORLD_SIZE, or a Slurm step's tasks)."""
+    from harness.distributed import launch_env
+
+    return launch_env().world_size
 
 
 def te_version(cfg: Config) -> tuple[str, str]:
@@ -231,11 +235,6 @@ def _optimizer_errors(o: OptimizerConfig, r: RecipeConfig) -> list[str]:
             f"optimizer.optimizer_cpu_offload=true with recipe={r.name}: not supported by Megatron; "
             "use recipe=delayed or optimizer.optimizer_cpu_offload=false"
         )
-    if o.fp8_param and world_size() > 1 and not o.use_distributed_optimizer:
-        errs.append(
-            f"optimizer.fp8_param=true across {world_size()} ranks needs optimizer.use_distributed_optimizer"
-            "=true (or FSDP): set it"
-        )
     if o.fp8_param and not spec.quantizes_gemms:
         errs.append(
             f"optimizer.fp8_param=true with recipe={r.name}: there is no quantized weight to keep; "
@@ -374,8 +373,42 @@ def support_errors(cfg: Config) -> list[str]:
             "the real ones in TE FusedAdam's master weights: set optimizer.master_weights=true and "
             "optimizer.optimizer_cpu_offload=false"
         )
-    if world_size() > 1:
-        errs.append(f"WORLD_SIZE={world_size()}: multi-rank runs are not supported yet; run one process")
+    return errs + parallel_errors(cfg)
+
+
+def parallel_errors(cfg: Config) -> list[str]:
+    """The data-parallel rules, checked on every rank before any process group or model exists."""
+    p, o, world = cfg.parallel, cfg.optimizer, world_size()
+    errs: list[str] = []
+    if p.strategy == "none" and world > 1:
+        errs.append(
+            f"parallel=none with {world} ranks (WORLD_SIZE/SLURM_NTASKS): every rank would train alone; "
+            "use parallel=ddp or parallel=fsdp2"
+        )
+    if p.timeout_s <= 0:
+        errs.append(f"parallel.timeout_s={p.timeout_s}: must be > 0 (seconds a collective may wait)")
+    if p.backend == "nccl" and cfg.hardware.name == "cpu":
+        errs.append(
+            "parallel.backend=nccl with hardware=cpu: NCCL needs GPUs; use parallel.backend=gloo or auto"
+        )
+    if p.strategy == "fsdp2":
+        if o.optimizer_cpu_offload:
+            errs.append(
+                "parallel=fsdp2 with optimizer.optimizer_cpu_offload=true: not supported; "
+                "use parallel=ddp or optimizer.optimizer_cpu_offload=false"
+            )
+        if o.use_precision_aware_optimizer and not uses_te(cfg):
+            errs.append(
+                "parallel=fsdp2 with the precision-aware optimizer on backend=emulated: its main-grad "
+                "hooks need whole gradients; use parallel=ddp (optimizer.use_distributed_optimizer=true "
+                "shards its states there)"
+            )
+        if uses_te(cfg) and o.master_weights and o.main_grads_dtype == "fp32":
+            errs.append(
+                "parallel=fsdp2 with backend=te and fp32 main grads: TE's fused wgrad accumulation "
+                "writes whole main_grad buffers that FSDP2 does not shard; set "
+                "optimizer.main_grads_dtype=bf16 (with the precision-aware optimizer) or use parallel=ddp"
+            )
     return errs
 
 

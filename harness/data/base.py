@@ -85,21 +85,31 @@ class TokenData:
         raise NotImplementedError
 
     # -- shared ----------------------------------------------------------------------------------
-    def train_batches(self, micro_batch_size: int, seed: int, start: int = 0) -> TrainStream:
-        """Infinite seeded train batches; start=k yields exactly batches k, k+1, ... of start=0."""
+    def train_batches(
+        self, micro_batch_size: int, seed: int, start: int = 0, rank: int = 0, world: int = 1
+    ) -> TrainStream:
+        """Infinite seeded train batches; start=k yields exactly batches k, k+1, ... of start=0.
+        Data parallel: rank r of `world` gets batches k+r, k+r+world, ... of that one stream, so the
+        ranks together see what one process sees, at any world size."""
         if micro_batch_size < 1:
             raise config_error(f"micro_batch_size={micro_batch_size}", "must be >= 1", "set it >= 1")
-        assert start >= 0, start
-        return TrainStream(self, micro_batch_size, seed, start)
+        assert start >= 0 and 0 <= rank < world, (start, rank, world)
+        return TrainStream(self, micro_batch_size, seed, start, rank, world)
 
-    def _train_stream(self, micro_batch_size: int, seed: int, start: int) -> Iterator[Batch]:
+    def _train_stream(
+        self, micro_batch_size: int, seed: int, start: int, rank: int = 0, world: int = 1
+    ) -> Iterator[Batch]:
         block, offset = divmod(start, BLOCK)
+        index = start
         while True:
             gen = seeded_generator("train", self._stream_key(), seed, block)
             for _ in range(offset):
                 self._draw(micro_batch_size, gen)
             for _ in range(offset, BLOCK):
-                yield self._batch(self._draw(micro_batch_size, gen))
+                draw = self._draw(micro_batch_size, gen)  # every rank draws every batch: cheap
+                if (index - start) % world == rank:
+                    yield self._batch(draw)
+                index += 1
             block, offset = block + 1, 0
 
     def _stream_key(self) -> Any:
@@ -126,20 +136,24 @@ class TrainStream:
     """The train batches of one run: an iterator that knows its position, so a checkpoint can
     store the data order (source fingerprint, seed, batch size) and where in it the run is."""
 
-    def __init__(self, data: TokenData, micro_batch_size: int, seed: int, start: int = 0):
+    def __init__(
+        self, data: TokenData, micro_batch_size: int, seed: int, start: int = 0, rank: int = 0, world: int = 1
+    ):
         self.data, self.micro_batch_size, self.seed = data, micro_batch_size, seed
+        self.rank, self.world = rank, world
         self._seek(start)
 
     def _seek(self, position: int) -> None:
+        """`position`: batches of the one stream consumed by all ranks together."""
         self.position = position
-        self._it = self.data._train_stream(self.micro_batch_size, self.seed, position)
+        self._it = self.data._train_stream(self.micro_batch_size, self.seed, position, self.rank, self.world)
 
     def __iter__(self) -> TrainStream:
         return self
 
     def __next__(self) -> Batch:
         batch = next(self._it)
-        self.position += 1
+        self.position += self.world
         return batch
 
     def state_dict(self) -> dict:

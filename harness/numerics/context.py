@@ -30,6 +30,9 @@ class NumericsContext:
         self.generator = torch.Generator(device="cpu" if self.device.type == "meta" else self.device)
         self.generator.manual_seed(seed)
         self.telemetry = TelemetrySink()
+        # data parallel: in-place MAX of a list of amax tensors over the ranks (TE's reduce_amax in
+        # reduce_and_update_fp8_tensors), applied to each set's current amaxes before its update
+        self.amax_reducer = None
 
     # -- the precision context -----------------------------------------------------------------
     @contextlib.contextmanager
@@ -70,12 +73,19 @@ class NumericsContext:
         return fwd, bwd
 
     def update_forward(self) -> None:
+        self._reduce(self.forward_states.values())
         for state in self.forward_states.values():
             state.update()
 
     def update_backward(self) -> None:
+        self._reduce(self.backward_states.values())
         for state in self.backward_states.values():
             state.update()
+
+    def _reduce(self, states) -> None:
+        """TE concatenates the amaxes of one autocast's set and all-reduces them (MAX) in one call."""
+        if self.amax_reducer is not None:
+            self.amax_reducer([s.amax_history[0] for s in states])
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
