@@ -80,6 +80,7 @@ def backend_spec(cfg: Config) -> BackendSpec:
         model=cfg.model,
         optimizer=cfg.optimizer,
         seed=cfg.seed,
+        options=cfg.backend,
     )
 
 

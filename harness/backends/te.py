@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
+from harness.backends.te_attention import apply_dpa_globals, install_packed_qkv_grad
 from harness.backends.te_env import set_nvte_env
 from harness.backends.te_recipe import build_te_recipe
 from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
@@ -114,6 +115,7 @@ class TEBackend(Backend):
         import transformer_engine.pytorch as te
 
         self.te, self.te_version = te, transformer_engine.__version__
+        apply_dpa_globals(self.nvte_env)  # TE read NVTE_DPA_* at import, maybe for an earlier job
         self.recipe = build_te_recipe(spec.recipe, spec.stability)
         self._seen: dict[str, tuple[bool, str | None]] = {}
         self.first_microbatch: bool | None = None
@@ -160,6 +162,9 @@ class TEBackend(Backend):
                 TEBlock(m, i, spec.fuse_wgrad_fp32, self._block_context(i), lambda: self.first_microbatch)
                 for i in range(m.num_layers)
             )
+        if spec.options.packed_qkv_grad:
+            for block in blocks:
+                install_packed_qkv_grad(block.layer)
         model = TEGPT(m, TEOps(), blocks=blocks)
         model.rope_emb = None
         if m.position_embedding == "rope":
@@ -308,6 +313,13 @@ class TEBackend(Backend):
             else "bf16 (no TE autocast quantization)",
             "te_version": self.te_version,
             "nvte_set": self.nvte_env,
+            "speed_options": {
+                "packed_qkv_grad": self.spec.options.packed_qkv_grad,
+                "cross_entropy_loss_fusion": self.spec.model.cross_entropy_loss_fusion,
+                "fp8_dpa": self.spec.recipe.fp8_dpa,
+                "fp8_mha": self.spec.recipe.fp8_mha,
+                "fp8_dpa_recipe": self.spec.recipe.fp8_dpa_recipe,
+            },
             "mapping_notes": notes,
             "block_recipes": {
                 f"blocks.{i}": self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))

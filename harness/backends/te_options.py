@@ -1,0 +1,91 @@
+"""The rules of the TE backend's speed options, from TE 2.20.2's own checks (config validation).
+
+- FP8 attention (`recipe.fp8_dpa`, `recipe.fp8_mha`, `recipe.fp8_dpa_recipe`): TE's
+  Float8BlockScaling asserts "FP8 attention is not supported for Float8BlockScaling", and its
+  backend selection (attention/dot_product_attention/utils.py, get_attention_backend) disables
+  fused FP8 attention for block scaling and NVFP4, for current scaling below compute capability
+  10.0 and for MXFP8 below 10.0, and FlashAttention 3 for FP8 training: on Hopper only delayed
+  scaling has an FP8 attention kernel, so tensorwise runs its attention in delayed scaling
+  (NVTE_DPA_FP8_RECIPE=DelayedScaling). The emulated backend quantizes GEMM operands only.
+- `model.cross_entropy_loss_fusion`: TE's Triton kernel, CUDA only; one LM-head path at a time.
+- `backend.packed_qkv_grad`: changes only how TE's packed QKV reaches attention, which TE 2.20 does
+  with learned positions, no QK norm and num_query_groups == num_attention_heads.
+"""
+
+from __future__ import annotations
+
+from harness import recipes
+from harness.backends.te_attention import DPA_RECIPES
+from harness.config.schema import BackendConfig, HardwareConfig, ModelConfig, RecipeConfig
+
+FP8_ATTENTION_CLASSES = ("DelayedScaling", "Float8CurrentScaling")
+"""TE recipe classes whose FP8 attention lowp runs (MXFP8's needs cuDNN >= 9.21 and sm100 and is
+untested here; TE refuses block scaling and has none for NVFP4)."""
+
+
+def option_errors(r: RecipeConfig, m: ModelConfig, hw: HardwareConfig, te: bool) -> list[str]:
+    """One line per option the recipe, model and hardware forbid; `te`: the run uses backend=te."""
+    spec, errs = recipes.get(r.name), []
+    if r.fp8_dpa_recipe is not None and r.fp8_dpa_recipe not in DPA_RECIPES:
+        errs.append(f"recipe.fp8_dpa_recipe={r.fp8_dpa_recipe}: use null (the linears' recipe) or delayed")
+    if r.fp8_mha and not r.fp8_dpa:
+        errs.append(
+            "recipe.fp8_mha=true needs recipe.fp8_dpa=true (TE's FP8 MHA is FP8 attention plus FP8 I/O)"
+        )
+    if (r.fp8_dpa or spec.te_only) and not te:
+        errs.append(
+            f"recipe={r.name} with recipe.fp8_dpa={r.fp8_dpa} and a backend other than te: the emulated "
+            "backend quantizes GEMM operands only, not attention; use backend=te or recipe.fp8_dpa=false"
+        )
+    if r.fp8_dpa and spec.te_recipe_class not in FP8_ATTENTION_CLASSES:
+        errs.append(
+            f"recipe.fp8_dpa=true with recipe={r.name}: TE 2.20 has FP8 attention for delayed and "
+            "current scaling only (it asserts against Float8BlockScaling); use recipe=delayed_fp8attn "
+            "or recipe=tensorwise_fp8attn"
+        )
+    cc = hw.compute_capability
+    if (
+        te
+        and r.fp8_dpa
+        and spec.te_recipe_class == "Float8CurrentScaling"
+        and r.fp8_dpa_recipe is None
+        and cc is not None
+        and cc < 10.0
+    ):
+        errs.append(
+            f"recipe.fp8_dpa=true with recipe={r.name} on hardware={hw.name} (compute capability {cc}): "
+            "TE 2.20 disables fused current-scaling FP8 attention below compute capability 10.0 and has "
+            "no other backend for it; set recipe.fp8_dpa_recipe=delayed (recipe=tensorwise_fp8attn)"
+        )
+    if m.cross_entropy_loss_fusion and not te:
+        errs.append(
+            "model.cross_entropy_loss_fusion=true with a backend other than te: it is TE's Triton "
+            "kernel; use backend=te, or model.lm_head_loss_chunks for a fused loss on any backend"
+        )
+    if m.cross_entropy_loss_fusion and m.lm_head_loss_chunks > 0:
+        errs.append(
+            f"model.cross_entropy_loss_fusion=true with model.lm_head_loss_chunks={m.lm_head_loss_chunks}: "
+            "the chunked LM head already fuses its loss; choose one (set the other to false / 0)"
+        )
+    return errs
+
+
+def option_warnings(r: RecipeConfig, m: ModelConfig, b: BackendConfig, te: bool) -> list[str]:
+    """Options that are set but do nothing for this run."""
+    out = []
+    if r.fp8_dpa_recipe is not None and not r.fp8_dpa:
+        out.append(f"recipe.fp8_dpa_recipe={r.fp8_dpa_recipe} has no effect without recipe.fp8_dpa=true")
+    if b.packed_qkv_grad and not te:
+        out.append("backend.packed_qkv_grad=true has no effect on a backend other than te")
+    elif b.packed_qkv_grad and not packed_qkv_path(m):
+        out.append(
+            "backend.packed_qkv_grad=true has no effect with RoPE, QK norm or grouped-query attention: "
+            "TE splits q, k, v itself there (without copies in backward)"
+        )
+    return out
+
+
+def packed_qkv_path(m: ModelConfig) -> bool:
+    """TE 2.20's MultiheadAttention hands attention the packed QKV (packed_dpa_eligible, np == ng)."""
+    groups = m.num_query_groups or m.num_attention_heads
+    return m.position_embedding != "rope" and not m.qk_layernorm and groups == m.num_attention_heads
