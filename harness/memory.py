@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
 import torch.nn as nn
 
 from harness.optim import Optimizer, quantized_parts, tensor_bytes
@@ -9,7 +12,41 @@ from harness.optim import Optimizer, quantized_parts, tensor_bytes
 GIB = 2**30
 
 
-def breakdown(model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None = None) -> dict:
+class SavedTensors:
+    """Bytes autograd keeps for backward while its context is open: every tensor saved by an op or a
+    custom Function (TE's included), each storage counted once, leaving out `exclude` (the
+    parameters: counted as params already). `.bytes` after the forward."""
+
+    def __init__(self, exclude=()):
+        self.storages: dict[int, int] = {}
+        self.skip = {
+            p.untyped_storage().data_ptr() for p in exclude if type(p) in (torch.Tensor, nn.Parameter)
+        }
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
+
+    def _pack(self, t: torch.Tensor):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self.skip:
+                self.storages.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    @contextlib.contextmanager
+    def counting(self):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield self
+
+
+def breakdown(
+    model: nn.Module,
+    optimizer: Optimizer,
+    *,
+    peak_bytes: int | None = None,
+    saved_bytes: int | None = None,
+) -> dict:
     """GiB per category; activations are what the measured peak leaves unexplained (an estimate)."""
     params = [p for p in model.parameters()]
     plain = sum(tensor_bytes(p) for p in params if not quantized_parts(p))
@@ -33,4 +70,10 @@ def breakdown(model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None 
     if peak_bytes is not None:
         out["peak_measured_gib"] = peak_bytes / GIB
         out["activations_estimate_gib"] = max(0, peak_bytes - static) / GIB
+    if saved_bytes is not None:
+        # of those activations: what autograd holds for backward (SavedTensors), the rest is the
+        # transient peak (logits and loss buffers, backward's temporaries, allocator rounding)
+        out["saved_for_backward_gib"] = saved_bytes / GIB
+        if peak_bytes is not None:
+            out["transient_at_peak_gib"] = max(0, peak_bytes - static - saved_bytes) / GIB
     return out

@@ -30,8 +30,8 @@ DPA_RECIPES = {"delayed": "DelayedScaling"}  # recipe.fp8_dpa_recipe -> NVTE_DPA
 def dpa_env(fp8_dpa: bool, fp8_mha: bool, fp8_dpa_recipe: str | None) -> dict[str, str]:
     """The NVTE_DPA_* values an attention recipe switch needs ({} when attention follows the
     linears' recipe, TE's default)."""
-    if not (fp8_dpa and fp8_dpa_recipe):
-        return {}
+    if not (fp8_dpa and fp8_dpa_recipe in DPA_RECIPES):
+        return {}  # an unknown fp8_dpa_recipe is validation's to report
     return {
         "NVTE_DPA_FP8_RECIPE": DPA_RECIPES[fp8_dpa_recipe],
         # with the switch set, MultiheadAttention reads fp8_dpa / fp8_mha from these, not the recipe
