@@ -81,6 +81,7 @@ def backend_spec(cfg: Config) -> BackendSpec:
         optimizer=cfg.optimizer,
         seed=cfg.seed,
         options=cfg.backend,
+        micro_batch_size=cfg.micro_batch_size,
     )
 
 

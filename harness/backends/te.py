@@ -69,13 +69,19 @@ class TEBlock(nn.Module):
         )
         self.context = context
         self.first_microbatch = first_microbatch  # TE's is_first_microbatch for this forward
+        self.graphed_shape: tuple[int, ...] | None = None  # set once its CUDA graphs are captured
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
         kw = {"rotary_pos_emb": rope, "is_first_microbatch": self.first_microbatch()}
+        layer = self.layer
+        if self.graphed_shape is not None and (
+            tuple(x.shape) != self.graphed_shape or not torch.is_grad_enabled()
+        ):
+            layer = lambda x, **kw: type(self.layer).forward(self.layer, x, **kw)  # noqa: E731 - eager
         if self.context is None:
-            return self.layer(x, **kw)
+            return layer(x, **kw)
         with self.context():
-            return self.layer(x, **kw)
+            return layer(x, **kw)
 
 
 class TEOps:
@@ -200,6 +206,13 @@ class TEBackend(Backend):
     def prepare(self, model: nn.Module, optimizer) -> None:
         if self.hook is not None:
             self.hook.prepare(self._hooked_weights(model), optimizer)
+        if self.spec.options.cuda_graphs:  # after the optimizer: its main grads are captured
+            from harness.backends.te_graphs import capture_blocks
+
+            shape = (self.spec.micro_batch_size, self.spec.model.seq_length, self.spec.model.hidden_size)
+            capture_blocks(self.te, model.blocks, shape, self.recipe, optimizer)
+            for block in model.blocks:
+                block.graphed_shape = shape
 
     def after_optimizer_step(self, model: nn.Module) -> None:
         """Straight-through QAT: FusedAdam wrote bf16(master) into each param; the hook replaces it
@@ -315,6 +328,7 @@ class TEBackend(Backend):
             "nvte_set": self.nvte_env,
             "speed_options": {
                 "packed_qkv_grad": self.spec.options.packed_qkv_grad,
+                "cuda_graphs": self.spec.options.cuda_graphs,
                 "cross_entropy_loss_fusion": self.spec.model.cross_entropy_loss_fusion,
                 "fp8_dpa": self.spec.recipe.fp8_dpa,
                 "fp8_mha": self.spec.recipe.fp8_mha,

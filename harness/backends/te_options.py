@@ -23,9 +23,19 @@ FP8_ATTENTION_CLASSES = ("DelayedScaling", "Float8CurrentScaling")
 untested here; TE refuses block scaling and has none for NVFP4)."""
 
 
-def option_errors(r: RecipeConfig, m: ModelConfig, hw: HardwareConfig, te: bool) -> list[str]:
-    """One line per option the recipe, model and hardware forbid; `te`: the run uses backend=te."""
+def option_errors(
+    r: RecipeConfig,
+    m: ModelConfig,
+    hw: HardwareConfig,
+    te: bool,
+    b: BackendConfig | None = None,
+    accumulation: int = 1,
+    per_block_recipes: bool = False,
+) -> list[str]:
+    """One line per option the recipe, model and hardware forbid; `te`: the run uses backend=te;
+    `accumulation`: micro-batches a step; `per_block_recipes`: stability gives blocks own recipes."""
     spec, errs = recipes.get(r.name), []
+    errs += _graph_errors(b or BackendConfig(), m, te, accumulation, per_block_recipes)
     if r.fp8_dpa_recipe is not None and r.fp8_dpa_recipe not in DPA_RECIPES:
         errs.append(f"recipe.fp8_dpa_recipe={r.fp8_dpa_recipe}: use null (the linears' recipe) or delayed")
     if r.fp8_mha and not r.fp8_dpa:
@@ -68,6 +78,29 @@ def option_errors(r: RecipeConfig, m: ModelConfig, hw: HardwareConfig, te: bool)
             "the chunked LM head already fuses its loss; choose one (set the other to false / 0)"
         )
     return errs
+
+
+def _graph_errors(
+    b: BackendConfig, m: ModelConfig, te: bool, accumulation: int, per_block: bool
+) -> list[str]:
+    if not b.cuda_graphs:
+        return []
+    why = []
+    if not te:
+        why.append("it captures TE's modules: use backend=te")
+    if accumulation != 1:
+        why.append(
+            f"the graphs hold one micro-batch a step ({accumulation} here): set global_batch_size = "
+            "micro_batch_size"
+        )
+    if per_block:
+        why.append(
+            "the blocks are captured under one recipe: drop stability.first_last_layers_bf16 and "
+            "stability.overrides"
+        )
+    if m.position_embedding == "rope":
+        why.append("RoPE's tensor argument is not captured: use learned positions")
+    return [f"backend.cuda_graphs=true: {w}" for w in why]
 
 
 def option_warnings(r: RecipeConfig, m: ModelConfig, b: BackendConfig, te: bool) -> list[str]:

@@ -251,6 +251,10 @@ class BackendConfig:
     """backend=te: q, k and v leave the fused QKV output through one autograd node whose backward
     hands attention's packed dQKV buffer back as it is (TE 2.20 selects them one by one: three
     zero-filled full-size copies and two adds a layer). Same numbers, fewer passes."""
+    cuda_graphs: bool = False
+    """backend=te: capture each TE block's forward and backward as CUDA graphs (TE's
+    make_graphed_callables) and replay them; needs one micro-batch a step and one recipe for all
+    blocks. Fewer kernel launches from Python; same numbers."""
 
 
 @dataclass

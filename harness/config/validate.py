@@ -274,7 +274,10 @@ def legality_errors(cfg: Config) -> list[str]:
     errs += _stability_errors(s, r, m) + _optimizer_errors(o, r) + _size_errors(cfg)
     if errs:
         return errs
-    errs = _shape_errors(cfg) + option_errors(r, m, cfg.hardware, uses_te(cfg))
+    per_block = s.first_last_layers_bf16 or bool(s.overrides)
+    accumulation = cfg.global_batch_size // max(cfg.micro_batch_size, 1)
+    errs = _shape_errors(cfg)
+    errs += option_errors(r, m, cfg.hardware, uses_te(cfg), cfg.backend, accumulation, per_block)
     if uses_te(cfg):
         errs += _te_errors(cfg)
     return errs

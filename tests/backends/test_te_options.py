@@ -146,3 +146,17 @@ def test_fused_loss_needs_a_gpu():
 
     with pytest.raises(ValueError, match="model.cross_entropy_loss_fusion=true needs the logits on a CUDA"):
         loss_fn(torch.randn(2, 3, 10), torch.zeros(2, 3, dtype=torch.long), fused=True)
+
+
+def test_cuda_graphs_rules():
+    from harness.config.validate import validate
+
+    validate(compose_cfg(*H200_TE, "backend.cuda_graphs=true"))
+    msg = error_of(*H200_TE, "backend.cuda_graphs=true", "global_batch_size=16", "micro_batch_size=8")
+    assert "one micro-batch a step (2 here)" in msg
+    msg = error_of(*H200_TE, "backend.cuda_graphs=true", "stability=first_last_bf16", "model.num_layers=4")
+    assert "one recipe" in msg
+    assert "learned positions" in error_of(
+        *H200_TE, "backend.cuda_graphs=true", "model.position_embedding=rope"
+    )
+    assert "backend=te" in error_of("backend=emulated", "backend.cuda_graphs=true")
