@@ -46,8 +46,12 @@ def dpa_env(fp8_dpa: bool, fp8_mha: bool, fp8_dpa_recipe: str | None) -> dict[st
 def apply_dpa_globals(env: dict[str, str]) -> None:
     """Make TE's import-time copies of the NVTE_DPA_* switch agree with `env` (TE's defaults where
     `env` has no value), whichever job of this process imported TE first."""
-    from transformer_engine.pytorch.attention import multi_head_attention as mha
-    from transformer_engine.pytorch.attention.dot_product_attention import dot_product_attention as dpa
+    import importlib
+
+    mha = importlib.import_module("transformer_engine.pytorch.attention.multi_head_attention")
+    dpa = importlib.import_module(
+        "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
+    )
 
     recipe = env.get("NVTE_DPA_FP8_RECIPE", "")
     mha._dpa_fp8_recipe = dpa._dpa_fp8_recipe = recipe

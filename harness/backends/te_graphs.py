@@ -33,6 +33,8 @@ def capture_blocks(te, blocks: nn.ModuleList, sample_shape: tuple[int, ...], rec
         layers,
         samples,
         num_warmup_iters=WARMUP_ITERS,
+        # fused wgrad accumulation returns no weight grad (it went into main_grad)
+        allow_unused_input=True,
         enabled=recipe is not None,
         recipe=recipe,
         cache_quantized_params=False,
