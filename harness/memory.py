@@ -28,10 +28,17 @@ class SavedTensors:
         return sum(self.storages.values())
 
     def _pack(self, t: torch.Tensor):
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in self.skip:
-                self.storages.setdefault(storage.data_ptr(), storage.nbytes())
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return t
+        parts = quantized_parts(t)  # a TE quantized tensor: its data, transpose and scales
+        for x in parts or [t]:
+            try:
+                storage = x.untyped_storage()
+                key, size = storage.data_ptr(), storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # a wrapper without storage of its own
+                key, size = id(x), tensor_bytes(x)
+            if key not in self.skip:
+                self.storages.setdefault(key, size)
         return t
 
     @contextlib.contextmanager

@@ -29,6 +29,21 @@ def capture_blocks(te, blocks: nn.ModuleList, sample_shape: tuple[int, ...], rec
     samples = tuple(
         (torch.randn(sample_shape, dtype=torch.bfloat16, device=device, requires_grad=True),) for _ in layers
     )
+    # TE refuses modules with hooks at capture; lowp's probes (verify_active) go back on afterwards
+    hooks = [dict(layer._forward_pre_hooks) for layer in layers]
+    for layer in layers:
+        layer._forward_pre_hooks.clear()
+    try:
+        _capture(te, layers, samples, recipe)
+    finally:
+        for layer, saved in zip(layers, hooks):
+            layer._forward_pre_hooks.update(saved)
+    optimizer.zero_grad()  # the warm-up's gradients (main grads zeroed in place)
+    reset_scaling_state(layers)
+    torch.cuda.synchronize()
+
+
+def _capture(te, layers, samples, recipe) -> None:
     te.make_graphed_callables(
         layers,
         samples,
@@ -39,9 +54,6 @@ def capture_blocks(te, blocks: nn.ModuleList, sample_shape: tuple[int, ...], rec
         recipe=recipe,
         cache_quantized_params=False,
     )
-    optimizer.zero_grad()  # the warm-up's gradients (main grads zeroed in place)
-    reset_scaling_state(layers)
-    torch.cuda.synchronize()
 
 
 @torch.no_grad()
