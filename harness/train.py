@@ -38,7 +38,7 @@ from harness.data import build_data
 from harness.divergence import DivergenceMonitor
 from harness.hardware import device_for
 from harness.loggers import NullLogger, open_logger, wandb_config
-from harness.memory import breakdown
+from harness.memory import SavedTensors, breakdown
 from harness.model import count_params, flops_per_token
 from harness.numerics import telemetry as T
 from harness.optim import clip_grad, lr_at, set_lr
@@ -110,6 +110,7 @@ class Trainer:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.stop = stop or StopRequest()  # set by a signal: checkpoint and stop at the step boundary
         self.start_step = 0
+        self.saved_bytes: int | None = None  # autograd's saved-for-backward bytes, counted on one step
         self.checkpoint_interval = checkpoint_interval(cfg)
         self.divergence = DivergenceMonitor(cfg.divergence)
         self.writer = writer if writer is not None else NullWriter()
@@ -158,6 +159,8 @@ class Trainer:
             self.backend.microbatch(micro, self.accum)
             x, y = self._next_batch()
             with ExitStack() as stack:
+                if self.saved_bytes is None and micro == 0:  # the summary's memory: counted once
+                    counter = stack.enter_context(SavedTensors(self.model.parameters()).counting())
                 rows = (
                     stack.enter_context(self.backend.collect_telemetry())
                     if telemetry and micro == 0
@@ -166,6 +169,8 @@ class Trainer:
                 with self.backend.autocast():
                     loss = self.model.loss(x, y) / self.accum
                 loss.backward()
+            if self.saved_bytes is None:
+                self.saved_bytes = counter.bytes
             if rows:
                 self._log_telemetry(step, rows)
             total += loss.detach()
@@ -339,7 +344,13 @@ class Trainer:
         ms = self.metrics.timer.median_ms(after_step=min(cfg.bench_warmup_steps, max(summary.steps - 1, 0)))
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         summary.loss_floor = self.data.loss_floor
-        summary.memory = breakdown(self.model, self.optimizer, peak_bytes=peak)
+        summary.memory = breakdown(
+            self.model,
+            self.optimizer,
+            peak_bytes=peak,
+            saved_bytes=self.saved_bytes,
+            graphed=getattr(cfg.backend, "cuda_graphs", False),
+        )
         summary.peak_mem_gib = peak / 2**30 if peak is not None else None
         if ms:
             summary.step_time_ms = ms
