@@ -173,9 +173,8 @@ _SPECS = (
         te_only=True,
         megatron=MegatronFlags(
             fp8_recipe="tensorwise",
-            note="# FP8 attention: add --fp8-dot-product-attention, and export NVTE_DPA_FP8_RECIPE="
-            "DelayedScaling NVTE_DPA_FP8_RECIPE_DPA=1 (TE has no fused current-scaling FP8 attention "
-            "below compute capability 10.0)",
+            note="# FP8 attention in delayed scaling through the NVTE_DPA_FP8_RECIPE* variables below "
+            "(TE has no fused current-scaling FP8 attention below compute capability 10.0)",
         ),
         defaults={
             "fp8": "hybrid",
@@ -199,9 +198,7 @@ _SPECS = (
         first_last_bf16_ok=False,
         te_high_precision_backward_ok=False,
         te_only=True,
-        megatron=MegatronFlags(
-            fp8_recipe="delayed", history_flags=True, note="# FP8 attention: add --fp8-dot-product-attention"
-        ),
+        megatron=MegatronFlags(fp8_recipe="delayed", history_flags=True),
         defaults={
             "fp8": "hybrid",
             "fp8_amax_history_len": 1024,
