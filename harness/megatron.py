@@ -96,6 +96,7 @@ _ATTENTION_FIELDS = {
     "fp8_dpa": "fp8_dot_product_attention",
     "fp8_mha": "fp8_multi_head_attention",
     "fp8_dpa_recipe": None,
+    "fp8_lm_head": None,  # a note: Megatron's output layer is never FP8
 }
 _HISTORY_FIELDS = {"fp8_amax_history_len", "fp8_amax_compute_algo"}
 
@@ -208,6 +209,11 @@ def recipe_flags(cfg: Config) -> Part:
             flags.append(("--fp4-quantizer-factory", _dotted(r.quantizer_factory)))
     if mg.note:
         notes.append(mg.note.format(**dataclasses.asdict(r)))
+    if r.fp8_lm_head:
+        notes.append(
+            "# recipe.fp8_lm_head=true has no Megatron equivalent: Megatron's output layer is a "
+            "ColumnParallelLinear outside TE's autocast, its GEMMs always BF16 (a lowp-only recipe)"
+        )
     if r.fp8_dpa:
         notes.append(
             "# recipe.fp8_dpa=true: set fp8_dot_product_attention=True"
@@ -217,7 +223,7 @@ def recipe_flags(cfg: Config) -> Part:
             + (
                 "; Megatron's Float8CurrentScaling takes fp8_dpa only, so fp8_mha needs the "
                 "NVTE_DPA_FP8_RECIPE_MHA=1 switch below"
-                if r.fp8_mha and mg.fp8_recipe == "tensorwise"
+                if r.fp8_mha and spec.te_recipe_class == "Float8CurrentScaling"
                 else ""
             )
         )

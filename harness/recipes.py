@@ -298,6 +298,19 @@ _SPECS = (
     ),
 )
 
+
+def _fp8_head(base: RecipeSpec) -> RecipeSpec:
+    """`base` with its LM head in FP8 (recipe.fp8_lm_head): a recipe of its own, as it changes numerics."""
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}_fp8head",
+        summary=f"{base.summary}; the LM head's GEMMs in FP8 too (te.Linear under the recipe)",
+        te_only=True,
+        defaults={**base.defaults, "fp8_lm_head": True},
+    )
+
+
+_SPECS += tuple(_fp8_head(s) for s in _SPECS if s.name in ("tensorwise", "tensorwise_fp8attn"))
 REGISTRY: dict[str, RecipeSpec] = {s.name: s for s in _SPECS}
 BASELINE = "bf16"
 """The unquantized recipe: what a module runs where the precision plan quantizes nothing."""

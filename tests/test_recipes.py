@@ -82,6 +82,8 @@ def test_native_recipes_by_compute_capability():
         "blockwise",
         "tensorwise_fp8attn",
         "delayed_fp8attn",
+        "tensorwise_fp8head",
+        "tensorwise_fp8attn_fp8head",
     }
     assert set(recipes.native_on(9.0)) == hopper
     assert {"mxfp8", "nvfp4"} <= set(recipes.native_on(10.0))

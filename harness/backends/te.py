@@ -85,11 +85,27 @@ class TEBlock(nn.Module):
 
 
 class TEOps:
-    """Only the LM head is built through ops: plain BF16 nn.Linear (never quantized)."""
+    """Only the LM head is built through ops: plain BF16 nn.Linear (never quantized), or with
+    recipe.fp8_lm_head a te.Linear that the step's autocast quantizes like the blocks' linears."""
+
+    def __init__(self, fp8_lm_head: bool = False, fuse_wgrad: bool = False, std: float = 0.02):
+        self.fp8_lm_head, self.fuse_wgrad, self.std = fp8_lm_head, fuse_wgrad, std
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
         assert name == "lm_head", name
-        return nn.Linear(in_features, out_features, bias=bias)
+        if not self.fp8_lm_head:
+            return nn.Linear(in_features, out_features, bias=bias)
+        import transformer_engine.pytorch as te
+
+        return te.Linear(
+            in_features,
+            out_features,
+            bias=bias,
+            params_dtype=torch.bfloat16,
+            device="cuda",
+            init_method=lambda w: nn.init.normal_(w, 0.0, self.std),
+            fuse_wgrad_accumulation=self.fuse_wgrad,  # into main_grad, as the blocks' weights
+        )
 
     def activation(self, name: str, kind: str) -> nn.Module:
         raise AssertionError("TE blocks own their activation")
@@ -171,7 +187,8 @@ class TEBackend(Backend):
         if spec.options.packed_qkv_grad:
             for block in blocks:
                 install_packed_qkv_grad(block.layer)
-        model = TEGPT(m, TEOps(), blocks=blocks)
+        ops = TEOps(spec.recipe.fp8_lm_head, spec.fuse_wgrad_fp32, m.init_method_std)
+        model = TEGPT(m, ops, blocks=blocks)
         model.rope_emb = None
         if m.position_embedding == "rope":
             model.rope_emb = self.te.RotaryPositionEmbedding(head_dims(m)[2], rotary_base=m.rotary_base)
@@ -235,6 +252,8 @@ class TEBackend(Backend):
 
         for i, block in enumerate(model.blocks):
             block.layer.register_forward_pre_hook(probe(f"blocks.{i}"))
+        if self.spec.recipe.fp8_lm_head:
+            model.lm_head.register_forward_pre_hook(probe("lm_head"))
 
     def verify_active(self, model: nn.Module, step: int) -> None:
         """Each block ran with the quantization state the plan says; delayed scales moved off 1.0."""
@@ -249,6 +268,11 @@ class TEBackend(Backend):
                     f"blocks.{i} ran with TE quantization enabled={enabled} but the plan says "
                     f"{want}: the recipe is not what the config asked for"
                 )
+        if self.spec.recipe.fp8_lm_head and not self._seen.get("lm_head", (False,))[0]:
+            raise RuntimeError(
+                f"recipe={self.spec.recipe.name}: the LM head ran without TE quantization "
+                f"({self._seen.get('lm_head')}): recipe.fp8_lm_head is not in effect"
+            )
         if step >= 2 and self.recipe_spec.delayed_scaling:
             scales = [
                 m.fp8_meta["scaling_fwd"].scale
@@ -333,6 +357,7 @@ class TEBackend(Backend):
                 "fp8_dpa": self.spec.recipe.fp8_dpa,
                 "fp8_mha": self.spec.recipe.fp8_mha,
                 "fp8_dpa_recipe": self.spec.recipe.fp8_dpa_recipe,
+                "fp8_lm_head": self.spec.recipe.fp8_lm_head,
             },
             "mapping_notes": notes,
             "block_recipes": {

@@ -7,6 +7,8 @@
   10.0 and for MXFP8 below 10.0, and FlashAttention 3 for FP8 training: on Hopper only delayed
   scaling has an FP8 attention kernel, so tensorwise runs its attention in delayed scaling
   (NVTE_DPA_FP8_RECIPE=DelayedScaling). The emulated backend quantizes GEMM operands only.
+- FP8 LM head (`recipe.fp8_lm_head`, the *_fp8head recipes): the head as a te.Linear under the
+  recipe; TE's FP8 GEMM needs dims divisible by 16 (utils.assert_dim_for_fp8_exec); untied, whole.
 - `model.cross_entropy_loss_fusion`: TE's Triton kernel, CUDA only; one LM-head path at a time.
 - `backend.packed_qkv_grad`: changes only how TE's packed QKV reaches attention, which TE 2.20 does
   with learned positions, no QK norm and num_query_groups == num_attention_heads.
@@ -67,6 +69,7 @@ def option_errors(
             "TE 2.20 disables fused current-scaling FP8 attention below compute capability 10.0 and has "
             "no other backend for it; set recipe.fp8_dpa_recipe=delayed (recipe=tensorwise_fp8attn)"
         )
+    errs += _lm_head_errors(r, m, te)
     if m.cross_entropy_loss_fusion and not te:
         errs.append(
             "model.cross_entropy_loss_fusion=true with a backend other than te: it is TE's Triton "
@@ -78,6 +81,41 @@ def option_errors(
             "the chunked LM head already fuses its loss; choose one (set the other to false / 0)"
         )
     return errs
+
+
+FP8_HEAD_RECIPES = tuple(n for n in recipes.names() if recipes.get(n).defaults.get("fp8_lm_head"))
+
+
+def _lm_head_errors(r: RecipeConfig, m: ModelConfig, te: bool) -> list[str]:
+    """recipe.fp8_lm_head: a te.Linear under the recipe (TE's FP8 GEMM: assert_dim_for_fp8_exec)."""
+    if not r.fp8_lm_head:
+        return []
+    spec = recipes.get(r.name)
+    if not spec.defaults.get("fp8_lm_head"):
+        return [
+            f"recipe.fp8_lm_head=true with recipe={r.name}: an FP8 LM head changes numerics, so it is "
+            f"a recipe of its own; use recipe={r.name}_fp8head"
+            if f"{r.name}_fp8head" in FP8_HEAD_RECIPES
+            else f"recipe.fp8_lm_head=true with recipe={r.name}: only {list(FP8_HEAD_RECIPES)} have it"
+        ]
+    why = []
+    if not te:
+        why.append("the LM head becomes a te.Linear: use backend=te")
+    if not m.untie_embeddings_and_output_weights:
+        why.append(
+            "a tied LM head is the embedding matrix, which TE does not quantize: set "
+            "model.untie_embeddings_and_output_weights=true"
+        )
+    if m.lm_head_loss_chunks > 0:
+        why.append(
+            f"model.lm_head_loss_chunks={m.lm_head_loss_chunks} computes the head outside TE: set it to 0"
+        )
+    if m.hidden_size % 16 or m.vocab_size % 16:
+        why.append(
+            f"TE's FP8 GEMM needs hidden_size and vocab_size divisible by 16 (got {m.hidden_size}, "
+            f"{m.vocab_size}): pad model.vocab_size"
+        )
+    return [f"recipe={r.name} (recipe.fp8_lm_head=true): {w}" for w in why]
 
 
 def _graph_errors(

@@ -52,10 +52,14 @@ class RecipeConfig:
     """custom: import path `module:function` of `factory(role, recipe_cfg) -> quantizer`."""
     fp8_dpa: bool = False
     """TE FP8 attention: DotProductAttention quantizes Q, K, V, O and their grads (TE recipe
-    `fp8_dpa`, Megatron --fp8-dot-product-attention); backend=te only, changes numerics."""
+    `fp8_dpa`; Megatron's TransformerConfig.fp8_dot_product_attention, no flag); backend=te only,
+    changes numerics."""
     fp8_mha: bool = False
     """TE FP8 multi-head attention: also the QKV GEMM output and the projection input stay FP8
-    (TE recipe `fp8_mha`, Megatron --fp8-multi-head-attention); needs fp8_dpa."""
+    (TE recipe `fp8_mha`; Megatron's TransformerConfig.fp8_multi_head_attention); needs fp8_dpa."""
+    fp8_lm_head: bool = False
+    """The LM head as a te.Linear under the recipe: its three GEMMs in FP8 (Megatron's output layer is
+    never TE, so never FP8). backend=te only, changes numerics: the *_fp8head recipes set it."""
     fp8_dpa_recipe: str | None = None
     """The recipe attention quantizes with (TE's NVTE_DPA_FP8_RECIPE): null = the linears' own;
     delayed = TE DelayedScaling (what FP8 attention under tensorwise needs below compute capability

@@ -160,3 +160,32 @@ def test_cuda_graphs_rules():
         *H200_TE, "backend.cuda_graphs=true", "model.position_embedding=rope"
     )
     assert "backend=te" in error_of("backend=emulated", "backend.cuda_graphs=true")
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise_fp8head", "tensorwise_fp8attn_fp8head"])
+def test_fp8_lm_head_recipes_are_valid_on_hopper_with_te(recipe):
+    cfg = compose_cfg(*H200_TE, f"recipe={recipe}")
+    assert cfg.recipe.fp8_lm_head is True
+    assert cfg.recipe.fp8_dpa is (recipe == "tensorwise_fp8attn_fp8head")
+    msg = error_of("hardware=h200", "backend=emulated", f"recipe={recipe}")
+    assert "fp8_lm_head" in msg or "backend other than te" in msg
+
+
+def test_fp8_lm_head_is_never_folded_into_another_recipe():
+    msg = error_of(*H200_TE, "recipe=tensorwise", "recipe.fp8_lm_head=true")
+    assert "recipe.fp8_lm_head=true with recipe=tensorwise" in msg and "recipe=tensorwise_fp8head" in msg
+    msg = error_of(*H200_TE, "recipe=delayed", "recipe.fp8_lm_head=true")
+    assert "recipe.fp8_lm_head=true with recipe=delayed: only" in msg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (["model=llama3_1b"], "untie_embeddings_and_output_weights=true"),
+        (["model.lm_head_loss_chunks=4"], "lm_head_loss_chunks=4"),
+        (["model.vocab_size=50257"], "divisible by 16"),
+    ],
+)
+def test_fp8_lm_head_rules(overrides, words):
+    msg = error_of(*H200_TE, "recipe=tensorwise_fp8head", *overrides)
+    assert "recipe=tensorwise_fp8head (recipe.fp8_lm_head=true)" in msg and words in msg, msg

@@ -131,3 +131,27 @@ def test_cuda_graphs_train_like_eager(tmp_path, recipe):
         assert len(losses["true"]) == 6
         for a, b in zip(losses["false"], losses["true"]):
             assert abs(a - b) <= 1e-3 * abs(a), (opt, losses)
+
+
+@needs_cuda
+@needs_te
+def test_fp8_lm_head_quantizes_the_head_and_trains(tmp_path):
+    """tensorwise_fp8head: the LM head is a te.Linear that ran under FP8 autocast (verify_active), its
+    loss differs from tensorwise's on the same batch (BF16 head), and 50 steps train."""
+    import json
+
+    from harness.train import run
+
+    common = (*GPU_TINY, "backend=te", "seed=9")
+    loss_tw, g_tw, _ = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise"))
+    loss_fh, g_fh, trainer = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise_fp8head"))
+    import transformer_engine.pytorch as te
+
+    assert isinstance(trainer.model.lm_head, te.Linear)
+    trainer.backend.verify_active(trainer.model, 0)
+    assert math.isfinite(float(loss_fh)) and not torch.equal(loss_tw, loss_fh)
+    assert g_fh["lm_head.weight"].abs().max() > 0
+    s = run(compose_cfg(*common, "recipe=tensorwise_fp8head", "steps=50"), tmp_path)
+    assert s.status == "completed" and math.isfinite(s.final_train_loss) and s.final_train_loss < 5.4
+    run_json = json.loads((tmp_path / "run.json").read_text())
+    assert run_json["provenance"]["speed_options"]["fp8_lm_head"] is True
