@@ -1,7 +1,8 @@
 """The native backend: Transformer Engine modules under one `te.autocast` (the only call site).
 
 Blocks are fused `te.TransformerLayer`s (LayerNormLinear QKV, fused attention, LayerNormMLP); the
-embeddings, final norm and LM head are plain PyTorch in BF16 (the LM head never quantized). The TE
+embeddings, final norm and LM head are plain PyTorch in BF16 (the LM head is quantized only by the
+*_fp8head recipes, recipe.fp8_lm_head: then it is a te.Linear under the same autocast). The TE
 recipe object is built from config with every field set explicitly; the `NVTE_*` variables TE reads
 at import are set from config before TE is imported (validation already refused a conflicting
 environment). First/last-N BF16 blocks run inside a nested `te.autocast(enabled=False)`, as
