@@ -1,7 +1,14 @@
 """The LM head and cross entropy, whole or in chunks of tokens.
 
 Whole: `loss_fn(lm_head(h), targets)` holds the bf16 logits, their fp32 copy and the saved softmax,
-several GiB at vocab 50k (the 1.4B anchor shape: 16,384 tokens x 50,304 x (2 + 4 + 4) bytes = 8 GB).
+several GiB at vocab 50k (the 1.4B anchor shape: 16,384 tokens x 50,304 x (2 + 4 + 4) bytes = 8 GB),
+and its backward makes two more fp32 tensors of that size (the NLL's and the log-softmax's grads).
+
+Fused (`model.cross_entropy_loss_fusion`, Megatron's --cross-entropy-loss-fusion with TE's kernel):
+TE's `parallel_cross_entropy` reads the bf16 logits once for the loss (fp32 arithmetic) and keeps
+them plus one fp32 statistic per row; backward writes d(logits) into the logits' own storage. Peak
+extra memory: the bf16 logits alone (1.6 GB at the 1.4B shape). The numbers are the whole path's up
+to the order of fp32 operations (the loss and the bf16 logit gradients from fp32 softmax).
 
 Chunked (`model.lm_head_loss_chunks=N`): a fused linear cross entropy, as Liger's
 FusedLinearCrossEntropy does. Each chunk of tokens computes its bf16 logits, its loss and, right
@@ -20,9 +27,29 @@ import torch.nn.functional as F
 BF16 = torch.bfloat16
 
 
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy, in fp32 whatever the logits' dtype."""
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    """Mean cross entropy, in fp32 whatever the logits' dtype; `fused`: TE's fused kernel."""
+    if fused:
+        return fused_cross_entropy(logits, targets)
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+def fused_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy by TE's Triton kernel on the logits as they are (bf16 or fp32, CUDA):
+    no fp32 copy; backward overwrites the logits with their gradient (nothing else reads them:
+    the LM head's backward needs its input and weight only)."""
+    if not logits.is_cuda:
+        raise ValueError(
+            "model.cross_entropy_loss_fusion=true needs the logits on a CUDA GPU (TE's Triton kernel); "
+            "set model.cross_entropy_loss_fusion=false"
+        )
+    from transformer_engine.pytorch.cross_entropy import parallel_cross_entropy
+
+    logits = logits.view(-1, 1, logits.size(-1)) if logits.dim() != 3 else logits  # (B, T, V)
+    loss = parallel_cross_entropy(
+        logits.contiguous(), targets.reshape(-1).long(), reduce_loss=True, overwrite_input=True
+    )
+    return loss.reshape(())  # TE returns shape (1,): a scalar like F.cross_entropy's
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

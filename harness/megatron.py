@@ -22,6 +22,7 @@ import sys
 import textwrap
 
 from harness import recipes
+from harness.backends.te_attention import dpa_env
 from harness.config.schema import Config, RecipeConfig
 from harness.megatron_arch import architecture_flags
 
@@ -89,6 +90,14 @@ RUN_FLAGS = (
 
 # RecipeConfig fields a Megatron flag carries whatever the recipe (the others become comments).
 _ALWAYS_EXPRESSED = {"name", "fp8", "fp4"}
+# FP8 attention: TransformerConfig fields Megatron has no flag for (arguments.py excludes them from
+# its argparse), set by the model provider (provider_fields), plus the NVTE_DPA_* switch (nvte_env)
+_ATTENTION_FIELDS = {
+    "fp8_dpa": "fp8_dot_product_attention",
+    "fp8_mha": "fp8_multi_head_attention",
+    "fp8_dpa_recipe": None,
+    "fp8_lm_head": None,  # a note: Megatron's output layer is never FP8
+}
 _HISTORY_FIELDS = {"fp8_amax_history_len", "fp8_amax_compute_algo"}
 
 
@@ -133,6 +142,15 @@ def model_flags(cfg: Config) -> Part:
     for flag, v in (("--init-method-std", m.init_method_std), ("--norm-epsilon", m.layernorm_epsilon)):
         if v != MEGATRON_DEFAULTS[flag]:
             flags.append((flag, v))
+    if m.cross_entropy_loss_fusion:
+        # a TransformerConfig field (arguments.py builds --cross-entropy-loss-fusion from it); the
+        # implementation stays Megatron's default `native`: Megatron refuses `te` (validate_args)
+        flags.append(("--cross-entropy-loss-fusion", None))
+        notes.append(
+            "# model.cross_entropy_loss_fusion=true -> --cross-entropy-loss-fusion: Megatron fuses the "
+            "loss with its own kernel (--cross-entropy-fusion-impl native); lowp uses TE's Triton "
+            "kernel, which Megatron refuses (--cross-entropy-fusion-impl te is asserted off)"
+        )
     if m.lm_head_loss_chunks:
         notes.append(
             f"# model.lm_head_loss_chunks={m.lm_head_loss_chunks} has no Megatron flag: Megatron "
@@ -147,6 +165,8 @@ def nvte_env(cfg: Config) -> dict[str, str]:
     r, s = cfg.recipe, cfg.stability
     spec = recipes.get(r.name)
     env = {var: v for var, v in spec.nvte_env(r).items() if v != "0"}
+    # FP8 attention's recipe switch: TE's DotProductAttention reads it at import (Megatron's too)
+    env.update({var: v for var, v in dpa_env(r.fp8_dpa, r.fp8_mha, r.fp8_dpa_recipe).items() if v != "0"})
     if not s.fp8_wgrad and spec.quantizes_gemms and spec.te_high_precision_backward_ok:
         # Megatron passes fp8_wgrad only to DelayedScaling; every other TE recipe class takes its
         # backward_override default from this variable, which is what lowp's TE backend sets
@@ -156,7 +176,7 @@ def nvte_env(cfg: Config) -> dict[str, str]:
 
 def _expressed_fields(spec: recipes.RecipeSpec) -> set[str]:
     """RecipeConfig fields that reach Megatron: as a flag, an NVTE_* variable or the spec's note."""
-    out = set(_ALWAYS_EXPRESSED) | {v.field for v in spec.nvte_vars}
+    out = set(_ALWAYS_EXPRESSED) | {v.field for v in spec.nvte_vars} | set(_ATTENTION_FIELDS)
     if spec.megatron.history_flags:
         out |= _HISTORY_FIELDS
     if spec.megatron.quantizer_factory:
@@ -189,6 +209,24 @@ def recipe_flags(cfg: Config) -> Part:
             flags.append(("--fp4-quantizer-factory", _dotted(r.quantizer_factory)))
     if mg.note:
         notes.append(mg.note.format(**dataclasses.asdict(r)))
+    if r.fp8_lm_head:
+        notes.append(
+            "# recipe.fp8_lm_head=true has no Megatron equivalent: Megatron's output layer is a "
+            "ColumnParallelLinear outside TE's autocast, its GEMMs always BF16 (a lowp-only recipe)"
+        )
+    if r.fp8_dpa:
+        notes.append(
+            "# recipe.fp8_dpa=true: set fp8_dot_product_attention=True"
+            + (" and fp8_multi_head_attention=True" if r.fp8_mha else "")
+            + " in the model provider's TransformerConfig (Megatron has no flag: arguments.py keeps "
+            "these fields out of its argparse; it passes them to TE's recipe as fp8_dpa/fp8_mha)"
+            + (
+                "; Megatron's Float8CurrentScaling takes fp8_dpa only, so fp8_mha needs the "
+                "NVTE_DPA_FP8_RECIPE_MHA=1 switch below"
+                if r.fp8_mha and spec.te_recipe_class == "Float8CurrentScaling"
+                else ""
+            )
+        )
     notes += [f"# requires env {var}={v} (no Megatron flag)" for var, v in nvte_env(cfg).items()]
     default, expressed = RecipeConfig(), _expressed_fields(spec)
     for f in dataclasses.fields(RecipeConfig):
@@ -370,8 +408,14 @@ def _data_flags(cfg: Config) -> Part:
 
 def provider_fields(cfg: Config) -> dict[str, object]:
     """TransformerConfig fields lowp sets that Megatron has no flag for (a model provider sets them)."""
-    o = cfg.optimizer
-    return {"activation_func_fp8_input_store": True} if o.activation_func_fp8_input_store else {}
+    o, r = cfg.optimizer, cfg.recipe
+    fields: dict[str, object] = {}
+    if o.activation_func_fp8_input_store:
+        fields["activation_func_fp8_input_store"] = True
+    for name, field in _ATTENTION_FIELDS.items():
+        if field and getattr(r, name):
+            fields[field] = True
+    return fields
 
 
 def megatron_args(cfg: Config) -> tuple[list[str], list[str]]:

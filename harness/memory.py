@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
 import torch.nn as nn
 
 from harness.optim import Optimizer, quantized_parts, tensor_bytes
@@ -9,7 +12,49 @@ from harness.optim import Optimizer, quantized_parts, tensor_bytes
 GIB = 2**30
 
 
-def breakdown(model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None = None) -> dict:
+class SavedTensors:
+    """Bytes autograd keeps for backward while its context is open: every tensor saved by an op or a
+    custom Function (TE's included), each storage counted once, leaving out `exclude` (the
+    parameters: counted as params already). `.bytes` after the forward."""
+
+    def __init__(self, exclude=()):
+        self.storages: dict[int, int] = {}
+        self.skip = {
+            p.untyped_storage().data_ptr() for p in exclude if type(p) in (torch.Tensor, nn.Parameter)
+        }
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
+
+    def _pack(self, t: torch.Tensor):
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return t
+        parts = quantized_parts(t)  # a TE quantized tensor: its data, transpose and scales
+        for x in parts or [t]:
+            try:
+                storage = x.untyped_storage()
+                key, size = storage.data_ptr(), storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # a wrapper without storage of its own
+                key, size = id(x), tensor_bytes(x)
+            if key not in self.skip:
+                self.storages.setdefault(key, size)
+        return t
+
+    @contextlib.contextmanager
+    def counting(self):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield self
+
+
+def breakdown(
+    model: nn.Module,
+    optimizer: Optimizer,
+    *,
+    peak_bytes: int | None = None,
+    saved_bytes: int | None = None,
+    graphed: bool = False,
+) -> dict:
     """GiB per category; activations are what the measured peak leaves unexplained (an estimate)."""
     params = [p for p in model.parameters()]
     plain = sum(tensor_bytes(p) for p in params if not quantized_parts(p))
@@ -28,9 +73,22 @@ def breakdown(model: nn.Module, optimizer: Optimizer, *, peak_bytes: int | None 
         "peak_measured_gib": None,
         "how": "weights, grads, optimizer states and quantized weights counted from the tensors as stored; "
         "activations = measured peak minus that static total (null where no device allocator "
-        "measures a peak, e.g. on a CPU)",
+        "measures a peak, e.g. on a CPU); of those, saved_for_backward = every tensor autograd "
+        "holds for backward (counted once per storage over one micro-batch), transient_at_peak = "
+        "the rest (logits and loss buffers, backward's temporaries, allocator rounding)",
     }
     if peak_bytes is not None:
         out["peak_measured_gib"] = peak_bytes / GIB
         out["activations_estimate_gib"] = max(0, peak_bytes - static) / GIB
+    if saved_bytes is not None:
+        # of those activations: what autograd holds for backward (SavedTensors), the rest is the
+        # transient peak (logits and loss buffers, backward's temporaries, allocator rounding)
+        out["saved_for_backward_gib"] = saved_bytes / GIB
+        if graphed:  # CUDA-graphed layers keep their activations in the graph's static buffers
+            out["saved_for_backward_note"] = (
+                "backend.cuda_graphs: the graphed layers' activations are not in saved_for_backward "
+                "(static graph buffers, invisible to autograd's hooks); they are in transient_at_peak"
+            )
+        if peak_bytes is not None:
+            out["transient_at_peak_gib"] = max(0, peak_bytes - static - saved_bytes) / GIB
     return out

@@ -223,7 +223,7 @@ class GPT(nn.Module):
         chunks = self.cfg.lm_head_loss_chunks
         if chunks > 0:  # the LM head has no bias
             return chunked_linear_cross_entropy(h, self.lm_head.weight, targets, chunks)
-        return loss_fn(self.lm_head(h), targets)
+        return loss_fn(self.lm_head(h), targets, fused=self.cfg.cross_entropy_loss_fusion)
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """The final norm's output (B, T, C): everything before the LM head."""

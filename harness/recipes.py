@@ -98,6 +98,8 @@ class RecipeSpec:
     """With fp8_param the guide strongly recommends optimizer.reuse_grad_buf_for_mxfp8_param_ag."""
     full_master: bool = False
     """The TE optimizer must keep whole fp32 master weights (no bf16 + remainder split)."""
+    te_only: bool = False
+    """Only TE runs it as specified (FP8 attention: the emulated backend quantizes GEMMs only)."""
     megatron: MegatronFlags = field(default_factory=MegatronFlags)
     defaults: dict[str, Any] = field(default_factory=dict)
     """Fields that differ from RecipeConfig's defaults (conf/recipe/<name>.yaml says the same)."""
@@ -156,6 +158,53 @@ _SPECS = (
         cpu_offload_ok=False,
         megatron=MegatronFlags(fp8_recipe="tensorwise"),
         defaults={"fp8": "hybrid", "power_2_scales": False, "amax_epsilon": 0.0},
+        **_FP8,
+    ),
+    RecipeSpec(
+        name="tensorwise_fp8attn",
+        summary="tensorwise linears with TE FP8 attention (fp8_dpa; attention in delayed scaling, "
+        "which Hopper needs)",
+        scheme="current",
+        te_check="is_fp8_available",
+        te_recipe_class="Float8CurrentScaling",
+        nvte_vars=(NvteVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "power_2_scales"),),
+        min_cc=8.9,
+        cpu_offload_ok=False,
+        te_only=True,
+        megatron=MegatronFlags(
+            fp8_recipe="tensorwise",
+            note="# FP8 attention in delayed scaling through the NVTE_DPA_FP8_RECIPE* variables below "
+            "(TE has no fused current-scaling FP8 attention below compute capability 10.0)",
+        ),
+        defaults={
+            "fp8": "hybrid",
+            "power_2_scales": False,
+            "amax_epsilon": 0.0,
+            "fp8_dpa": True,
+            "fp8_dpa_recipe": "delayed",
+        },
+        **_FP8,
+    ),
+    RecipeSpec(
+        name="delayed_fp8attn",
+        summary="FP8 delayed scaling with TE FP8 attention (fp8_dpa)",
+        scheme="amax_history",
+        delayed_scaling=True,
+        margin_applies=True,
+        te_check="is_fp8_available",
+        te_recipe_class="DelayedScaling",
+        min_cc=8.9,
+        fused_casts={"input": ("qkv", "fc1", "fc2"), "grad": ("fc1",)},
+        first_last_bf16_ok=False,
+        te_high_precision_backward_ok=False,
+        te_only=True,
+        megatron=MegatronFlags(fp8_recipe="delayed", history_flags=True),
+        defaults={
+            "fp8": "hybrid",
+            "fp8_amax_history_len": 1024,
+            "fp8_amax_compute_algo": "max",
+            "fp8_dpa": True,
+        },
         **_FP8,
     ),
     RecipeSpec(
@@ -249,6 +298,19 @@ _SPECS = (
     ),
 )
 
+
+def _fp8_head(base: RecipeSpec) -> RecipeSpec:
+    """`base` with its LM head in FP8 (recipe.fp8_lm_head): a recipe of its own, as it changes numerics."""
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}_fp8head",
+        summary=f"{base.summary}; the LM head's GEMMs in FP8 too (te.Linear under the recipe)",
+        te_only=True,
+        defaults={**base.defaults, "fp8_lm_head": True},
+    )
+
+
+_SPECS += tuple(_fp8_head(s) for s in _SPECS if s.name in ("tensorwise", "tensorwise_fp8attn"))
 REGISTRY: dict[str, RecipeSpec] = {s.name: s for s in _SPECS}
 BASELINE = "bf16"
 """The unquantized recipe: what a module runs where the precision plan quantizes nothing."""

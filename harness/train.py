@@ -42,7 +42,7 @@ from harness.data import build_data
 from harness.divergence import DivergenceMonitor
 from harness.hardware import device_for
 from harness.loggers import NullLogger, open_logger, wandb_config
-from harness.memory import breakdown
+from harness.memory import SavedTensors, breakdown
 from harness.model import count_params, flops_per_token
 from harness.numerics import telemetry as T
 from harness.optim import clip_grad, lr_at, set_lr
@@ -84,6 +84,8 @@ def backend_spec(cfg: Config) -> BackendSpec:
         model=cfg.model,
         optimizer=cfg.optimizer,
         seed=cfg.seed,
+        options=cfg.backend,
+        micro_batch_size=cfg.micro_batch_size,
     )
 
 
@@ -114,6 +116,7 @@ class Trainer:
         self.dist = dist or D.SINGLE
         self.stop = stop or StopRequest()  # set by a signal: checkpoint and stop at the step boundary
         self.start_step = 0
+        self.saved_bytes: int | None = None  # autograd's saved-for-backward bytes, counted on one step
         self.checkpoint_interval = checkpoint_interval(cfg)
         self.divergence = DivergenceMonitor(cfg.divergence)
         self.writer = writer if writer is not None else NullWriter()
@@ -172,6 +175,8 @@ class Trainer:
             self.parallel.before_backward(micro, self.accum)
             x, y = self._next_batch()
             with ExitStack() as stack:
+                if self.saved_bytes is None and micro == 0:  # the summary's memory: counted once
+                    counter = stack.enter_context(SavedTensors(self.model.parameters()).counting())
                 rows = (
                     stack.enter_context(self.backend.collect_telemetry())
                     if telemetry and micro == 0
@@ -180,6 +185,8 @@ class Trainer:
                 with self.backend.autocast():
                     loss = self.model.loss(x, y) / scale
                 loss.backward()
+            if self.saved_bytes is None:
+                self.saved_bytes = counter.bytes
             if rows:
                 self._log_telemetry(step, rows)
             total += loss.detach()
@@ -373,7 +380,13 @@ class Trainer:
         if peak is not None:
             peak = int(self.dist.max_scalar(float(peak), self.device))  # the fullest rank
         summary.loss_floor = self.data.loss_floor
-        summary.memory = breakdown(self.model, self.optimizer, peak_bytes=peak)  # this rank's (rank 0)
+        summary.memory = breakdown(
+            self.model,
+            self.optimizer,
+            peak_bytes=peak,
+            saved_bytes=self.saved_bytes,
+            graphed=getattr(cfg.backend, "cuda_graphs", False),
+        )  # this rank's (rank 0)
         summary.peak_mem_gib = peak / 2**30 if peak is not None else None
         summary.world_size = self.dist.world
         if ms:

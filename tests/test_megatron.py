@@ -359,3 +359,35 @@ def test_megatron_lm_benchmark_help_and_log_parsing():
     )
     got = megatron_step_ms(log, warm_iters=5)
     assert got["intervals"][0] == (5, 900.0) and got["step_ms"] == 405.0
+
+
+def test_cross_entropy_loss_fusion_is_megatrons_flag_with_its_native_kernel():
+    argv, notes = megatron_args(compose_cfg("model=gpt_tiny", "model.cross_entropy_loss_fusion=true"))
+    assert "--cross-entropy-loss-fusion" in argv
+    assert "--cross-entropy-fusion-impl" not in argv  # `te` is refused by Megatron's validate_args
+    assert any("--cross-entropy-fusion-impl native" in n for n in notes)
+    assert "--cross-entropy-loss-fusion" not in megatron_args(compose_cfg("model=gpt_tiny"))[0]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "env"),
+    [
+        ("tensorwise_fp8attn", {"NVTE_DPA_FP8_RECIPE": "DelayedScaling", "NVTE_DPA_FP8_RECIPE_DPA": "1"}),
+        ("delayed_fp8attn", {}),  # attention follows the delayed recipe itself: no switch
+    ],
+)
+def test_fp8_attention_is_a_provider_field_and_the_dpa_switch(recipe, env):
+    from harness.megatron import nvte_env, provider_fields
+
+    cfg = compose_cfg("model=gpt_tiny", "backend=te", f"recipe={recipe}")
+    argv, notes = megatron_args(cfg)
+    # Megatron d98e8a6 keeps fp8_dot_product_attention out of its argparse: no flag to print
+    assert not any("dot-product-attention" in a or "multi-head-attention" in a for a in argv)
+    assert provider_fields(cfg) == {"fp8_dot_product_attention": True}
+    assert {k: v for k, v in nvte_env(cfg).items() if k in env} == env
+    if not env:
+        assert not any(k.startswith("NVTE_DPA_") for k in nvte_env(cfg))
+    assert any("fp8_dot_product_attention=True" in n for n in notes)
+    assert not any("recipe.fp8_dpa=True has no Megatron flag" in n for n in notes)
+    cfg = compose_cfg("model=gpt_tiny", "backend=te", "recipe=delayed_fp8attn", "recipe.fp8_mha=true")
+    assert provider_fields(cfg) == {"fp8_dot_product_attention": True, "fp8_multi_head_attention": True}

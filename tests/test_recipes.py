@@ -74,7 +74,18 @@ def test_nvte_vars_follow_the_fields():
 
 
 def test_native_recipes_by_compute_capability():
-    assert set(recipes.native_on(9.0)) == {"bf16", "int4_qat", "delayed", "tensorwise", "blockwise"}
+    hopper = {
+        "bf16",
+        "int4_qat",
+        "delayed",
+        "tensorwise",
+        "blockwise",
+        "tensorwise_fp8attn",
+        "delayed_fp8attn",
+        "tensorwise_fp8head",
+        "tensorwise_fp8attn_fp8head",
+    }
+    assert set(recipes.native_on(9.0)) == hopper
     assert {"mxfp8", "nvfp4"} <= set(recipes.native_on(10.0))
     assert "mxfp8" not in recipes.native_on(12.0) and "blockwise" not in recipes.native_on(8.0)
 

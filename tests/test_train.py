@@ -62,7 +62,15 @@ def test_run_dir_contract(tiny_run):
         "master_weights_gib",
         "quantized_copies_gib",
         "activations_estimate_gib",
+        "saved_for_backward_gib",
     }
+    # what autograd holds over one micro-batch, counted from its tensors: at least the softmax the
+    # cross entropy saves (B*T*V fp32) and at most a few copies of a layer's activations per layer
+    m, b = run_json["config"]["model"], run_json["config"]["micro_batch_size"]
+    logits = b * m["seq_length"] * m["vocab_size"] * 4
+    per_layer = 40 * b * m["seq_length"] * m["hidden_size"] * 4
+    saved = s["memory"]["saved_for_backward_gib"] * 2**30
+    assert logits < saved < 2 * logits + m["num_layers"] * per_layer, (saved, logits)
     rows = read_jsonl(d / "metrics.jsonl")
     train_rows = [r for r in rows if M.LOSS_TRAIN in r]
     assert [r["step"] for r in train_rows] == [1, 4, 8, 12]

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
 from harness import recipes
 from harness.backends.hooks import make_hook
-from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
+from harness.config.schema import BackendConfig, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
 from harness.precision import PrecisionPlan
 
 
@@ -37,6 +37,10 @@ class BackendSpec:
     model: ModelConfig
     optimizer: OptimizerConfig
     seed: int = 0
+    options: BackendConfig = field(default_factory=BackendConfig)
+    """The backend group's execution options (backend.packed_qkv_grad, ...)."""
+    micro_batch_size: int = 1
+    """Sequences per forward (the shape CUDA graphs are captured for)."""
 
     @property
     def plan(self) -> PrecisionPlan:

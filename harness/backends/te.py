@@ -1,7 +1,8 @@
 """The native backend: Transformer Engine modules under one `te.autocast` (the only call site).
 
 Blocks are fused `te.TransformerLayer`s (LayerNormLinear QKV, fused attention, LayerNormMLP); the
-embeddings, final norm and LM head are plain PyTorch in BF16 (the LM head never quantized). The TE
+embeddings, final norm and LM head are plain PyTorch in BF16 (the LM head is quantized only by the
+*_fp8head recipes, recipe.fp8_lm_head: then it is a te.Linear under the same autocast). The TE
 recipe object is built from config with every field set explicitly; the `NVTE_*` variables TE reads
 at import are set from config before TE is imported (validation already refused a conflicting
 environment). First/last-N BF16 blocks run inside a nested `te.autocast(enabled=False)`, as
@@ -17,6 +18,7 @@ import torch.nn as nn
 
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
+from harness.backends.te_attention import apply_dpa_globals, install_packed_qkv_grad
 from harness.backends.te_env import set_nvte_env
 from harness.backends.te_recipe import build_te_recipe
 from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
@@ -70,13 +72,19 @@ class TEBlock(nn.Module):
             self.layer.self_attention.layernorm_qkv = qkv_with_bias(te, m, fuse_wgrad, std)
         self.context = context
         self.first_microbatch = first_microbatch  # TE's is_first_microbatch for this forward
+        self.graphed_shape: tuple[int, ...] | None = None  # set once its CUDA graphs are captured
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
         kw = {"rotary_pos_emb": rope, "is_first_microbatch": self.first_microbatch()}
+        layer = self.layer
+        if self.graphed_shape is not None and (
+            tuple(x.shape) != self.graphed_shape or not torch.is_grad_enabled()
+        ):
+            layer = lambda x, **kw: type(self.layer).forward(self.layer, x, **kw)  # noqa: E731 - eager
         if self.context is None:
-            return self.layer(x, **kw)
+            return layer(x, **kw)
         with self.context():
-            return self.layer(x, **kw)
+            return layer(x, **kw)
 
 
 def qkv_with_bias(te, m: ModelConfig, fuse_wgrad: bool, std: float) -> nn.Module:
@@ -101,11 +109,27 @@ def qkv_with_bias(te, m: ModelConfig, fuse_wgrad: bool, std: float) -> nn.Module
 
 
 class TEOps:
-    """Only the LM head is built through ops: plain BF16 nn.Linear (never quantized)."""
+    """Only the LM head is built through ops: plain BF16 nn.Linear (never quantized), or with
+    recipe.fp8_lm_head a te.Linear that the step's autocast quantizes like the blocks' linears."""
+
+    def __init__(self, fp8_lm_head: bool = False, fuse_wgrad: bool = False, std: float = 0.02):
+        self.fp8_lm_head, self.fuse_wgrad, self.std = fp8_lm_head, fuse_wgrad, std
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
         assert name == "lm_head", name
-        return nn.Linear(in_features, out_features, bias=bias)
+        if not self.fp8_lm_head:
+            return nn.Linear(in_features, out_features, bias=bias)
+        import transformer_engine.pytorch as te
+
+        return te.Linear(
+            in_features,
+            out_features,
+            bias=bias,
+            params_dtype=torch.bfloat16,
+            device="cuda",
+            init_method=lambda w: nn.init.normal_(w, 0.0, self.std),
+            fuse_wgrad_accumulation=self.fuse_wgrad,  # into main_grad, as the blocks' weights
+        )
 
     def activation(self, name: str, kind: str) -> nn.Module:
         raise AssertionError("TE blocks own their activation")
@@ -137,6 +161,7 @@ class TEBackend(Backend):
         import transformer_engine.pytorch as te
 
         self.te, self.te_version = te, transformer_engine.__version__
+        apply_dpa_globals(self.nvte_env)  # TE read NVTE_DPA_* at import, maybe for an earlier job
         self.recipe = build_te_recipe(spec.recipe, spec.stability)
         self._seen: dict[str, tuple[bool, str | None]] = {}
         self.first_microbatch: bool | None = None
@@ -180,7 +205,11 @@ class TEBackend(Backend):
                 TEBlock(m, i, spec.fuse_wgrad_fp32, self._block_context(i), lambda: self.first_microbatch)
                 for i in range(m.num_layers)
             )
-        model = TEGPT(m, TEOps(), blocks=blocks)
+        if spec.options.packed_qkv_grad:
+            for block in blocks:
+                install_packed_qkv_grad(block.layer)
+        ops = TEOps(spec.recipe.fp8_lm_head, spec.fuse_wgrad_fp32, m.init_method_std)
+        model = TEGPT(m, ops, blocks=blocks)
         model.rope_emb = None
         if m.position_embedding == "rope":
             model.rope_emb = self.te.RotaryPositionEmbedding(head_dims(m)[2], rotary_base=m.rotary_base)
@@ -226,6 +255,13 @@ class TEBackend(Backend):
     def prepare(self, model: nn.Module, optimizer) -> None:
         if self.hook is not None:
             self.hook.prepare(self._hooked_weights(model), optimizer)
+        if self.spec.options.cuda_graphs:  # after the optimizer: its main grads are captured
+            from harness.backends.te_graphs import capture_blocks
+
+            shape = (self.spec.micro_batch_size, self.spec.model.seq_length, self.spec.model.hidden_size)
+            capture_blocks(self.te, model.blocks, shape, self.recipe, optimizer)
+            for block in model.blocks:
+                block.graphed_shape = shape
 
     def after_optimizer_step(self, model: nn.Module) -> None:
         """Straight-through QAT: FusedAdam wrote bf16(master) into each param; the hook replaces it
@@ -248,6 +284,8 @@ class TEBackend(Backend):
 
         for i, block in enumerate(model.blocks):
             block.layer.register_forward_pre_hook(probe(f"blocks.{i}"))
+        if self.spec.recipe.fp8_lm_head:
+            model.lm_head.register_forward_pre_hook(probe("lm_head"))
 
     def verify_active(self, model: nn.Module, step: int) -> None:
         """Each block ran with the quantization state the plan says; delayed scales moved off 1.0."""
@@ -262,6 +300,11 @@ class TEBackend(Backend):
                     f"blocks.{i} ran with TE quantization enabled={enabled} but the plan says "
                     f"{want}: the recipe is not what the config asked for"
                 )
+        if self.spec.recipe.fp8_lm_head and not self._seen.get("lm_head", (False,))[0]:
+            raise RuntimeError(
+                f"recipe={self.spec.recipe.name}: the LM head ran without TE quantization "
+                f"({self._seen.get('lm_head')}): recipe.fp8_lm_head is not in effect"
+            )
         if step >= 2 and self.recipe_spec.delayed_scaling:
             scales = [
                 m.fp8_meta["scaling_fwd"].scale
@@ -339,6 +382,15 @@ class TEBackend(Backend):
             else "bf16 (no TE autocast quantization)",
             "te_version": self.te_version,
             "nvte_set": self.nvte_env,
+            "speed_options": {
+                "packed_qkv_grad": self.spec.options.packed_qkv_grad,
+                "cuda_graphs": self.spec.options.cuda_graphs,
+                "cross_entropy_loss_fusion": self.spec.model.cross_entropy_loss_fusion,
+                "fp8_dpa": self.spec.recipe.fp8_dpa,
+                "fp8_mha": self.spec.recipe.fp8_mha,
+                "fp8_dpa_recipe": self.spec.recipe.fp8_dpa_recipe,
+                "fp8_lm_head": self.spec.recipe.fp8_lm_head,
+            },
             "mapping_notes": notes,
             "block_recipes": {
                 f"blocks.{i}": self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))

@@ -31,15 +31,15 @@ def _delayed(R, r, s):
         amax_history_len=r.fp8_amax_history_len,
         amax_compute_algo=r.fp8_amax_compute_algo,
         reduce_amax=True,
-        fp8_dpa=False,
-        fp8_mha=False,
+        fp8_dpa=r.fp8_dpa,
+        fp8_mha=r.fp8_mha,
         backward_override=None,
     )
 
 
 def _current(R, r, s):
     rec = R.Float8CurrentScaling(
-        fp8_format=_fmt(R, r), fp8_dpa=False, fp8_mha=False, backward_override=_backward(s)
+        fp8_format=_fmt(R, r), fp8_dpa=r.fp8_dpa, fp8_mha=r.fp8_mha, backward_override=_backward(s)
     )
     return _qparams(R, r, rec)
 

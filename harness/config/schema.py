@@ -50,6 +50,20 @@ class RecipeConfig:
     """INT4 fake-QAT: group size along the input dim (miles: 128, Kimi-K2 32)."""
     quantizer_factory: str | None = None
     """custom: import path `module:function` of `factory(role, recipe_cfg) -> quantizer`."""
+    fp8_dpa: bool = False
+    """TE FP8 attention: DotProductAttention quantizes Q, K, V, O and their grads (TE recipe
+    `fp8_dpa`; Megatron's TransformerConfig.fp8_dot_product_attention, no flag); backend=te only,
+    changes numerics."""
+    fp8_mha: bool = False
+    """TE FP8 multi-head attention: also the QKV GEMM output and the projection input stay FP8
+    (TE recipe `fp8_mha`; Megatron's TransformerConfig.fp8_multi_head_attention); needs fp8_dpa."""
+    fp8_lm_head: bool = False
+    """The LM head as a te.Linear under the recipe: its three GEMMs in FP8 (Megatron's output layer is
+    never TE, so never FP8). backend=te only, changes numerics: the *_fp8head recipes set it."""
+    fp8_dpa_recipe: str | None = None
+    """The recipe attention quantizes with (TE's NVTE_DPA_FP8_RECIPE): null = the linears' own;
+    delayed = TE DelayedScaling (what FP8 attention under tensorwise needs below compute capability
+    10.0, where TE 2.20 has no fused current-scaling attention)."""
 
 
 @dataclass
@@ -181,6 +195,10 @@ class ModelConfig:
     """Std of the normal weight init."""
     layernorm_epsilon: float = 1e-5
     """Norm epsilon."""
+    cross_entropy_loss_fusion: bool = False
+    """The cross entropy in one fused kernel on the bf16 logits (Megatron --cross-entropy-loss-fusion
+    with --cross-entropy-fusion-impl te: TE's parallel_cross_entropy): no fp32 copy of the logits,
+    the logits' gradient written in their own storage. backend=te only."""
     lm_head_loss_chunks: int = 0
     """0: the LM head's logits are made whole, then the loss. N > 0: the LM head and the cross
     entropy run fused over N chunks of tokens and never hold the whole logits (Liger's fused
@@ -243,6 +261,14 @@ class BackendConfig:
     """te (Transformer Engine), emulated (pure PyTorch numerics), or auto."""
     te_version: str = "2.20.2"
     """TE version assumed for validation when TE is not installed."""
+    packed_qkv_grad: bool = False
+    """backend=te: q, k and v leave the fused QKV output through one autograd node whose backward
+    hands attention's packed dQKV buffer back as it is (TE 2.20 selects them one by one: three
+    zero-filled full-size copies and two adds a layer). Same numbers, fewer passes."""
+    cuda_graphs: bool = False
+    """backend=te: capture each TE block's forward and backward as CUDA graphs (TE's
+    make_graphed_callables) and replay them; needs one micro-batch a step and one recipe for all
+    blocks. Fewer kernel launches from Python; same numbers."""
 
 
 @dataclass

@@ -12,6 +12,7 @@ import warnings
 from harness import recipes
 from harness.backends.capability import resolve_backend_name, te_installed_version
 from harness.backends.te_env import conflicts as nvte_conflicts
+from harness.backends.te_options import option_errors, option_warnings
 from harness.config import schema
 from harness.config.reference_rules import reference_errors
 from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
@@ -290,7 +291,10 @@ def legality_errors(cfg: Config) -> list[str]:
     errs += _stability_errors(s, r, m) + _optimizer_errors(o, r) + _size_errors(cfg)
     if errs:
         return errs
+    per_block = s.first_last_layers_bf16 or bool(s.overrides)
+    accumulation = cfg.global_batch_size // max(cfg.micro_batch_size, 1)
     errs = _shape_errors(cfg)
+    errs += option_errors(r, m, cfg.hardware, uses_te(cfg), cfg.backend, accumulation, per_block)
     if uses_te(cfg):
         errs += _te_errors(cfg)
     return errs
@@ -438,6 +442,7 @@ def recommendations(cfg: Config) -> list[str]:
             f"recipe={r.name} without stability.first_last_layers_bf16: the guide advises BF16 "
             "first/last layers for FP4 (NVFP4 diverges if every linear layer is FP4)"
         )
+    out += option_warnings(r, m, cfg.backend, uses_te(cfg))
     if not s.fp8_wgrad and uses_te(cfg):
         out.append(
             "stability.fp8_wgrad=false on backend=te maps to TE's high-precision backward, which "

@@ -1,0 +1,157 @@
+"""GPU tests of the TE backend's speed options: the packed QKV gradient changes no number, the fused
+cross entropy matches the whole-logits loss, FP8 attention trains (skipped without CUDA and TE)."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+
+import pytest
+import torch
+
+from tests.helpers import GPU_TINY, compose_cfg, needs_cuda, needs_te
+
+pytestmark = pytest.mark.gpu
+
+
+def _grads_after_one_step(cfg):
+    """Loss and every parameter's gradient (main grad or .grad) of one forward/backward."""
+    from harness.train import Trainer
+
+    trainer = Trainer(cfg, tempfile.mkdtemp(prefix="lowp-te-options-"))
+    x, y = trainer._next_batch()
+    with trainer.backend.autocast():
+        loss = trainer.model.loss(x, y)
+    loss.backward()
+    grads = {}
+    for name, p in trainer.model.named_parameters():
+        g = getattr(p, "main_grad", None) if p.grad is None else p.grad
+        grads[name] = g.detach().float().clone()
+    return loss.detach().float(), grads, trainer
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
+def test_packed_qkv_grad_changes_no_number(recipe):
+    common = (*GPU_TINY, "backend=te", f"recipe={recipe}", "seed=3")
+    loss_a, ga, _ = _grads_after_one_step(compose_cfg(*common))
+    loss_b, gb, trainer = _grads_after_one_step(compose_cfg(*common, "backend.packed_qkv_grad=true"))
+    assert trainer.backend.describe()["speed_options"]["packed_qkv_grad"] is True
+    assert torch.equal(loss_a, loss_b)
+    for name in ga:
+        assert torch.equal(ga[name], gb[name]), name
+
+
+@needs_cuda
+@needs_te
+def test_packed_qkv_grad_removes_select_backward():
+    from torch.profiler import ProfilerActivity, profile
+
+    common = (*GPU_TINY, "backend=te", "recipe=bf16")
+    counts = {}
+    for on in ("false", "true"):
+        _, _, trainer = _grads_after_one_step(compose_cfg(*common, f"backend.packed_qkv_grad={on}"))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            trainer.train_step(1)
+        counts[on] = sum(e.count for e in prof.key_averages() if e.key == "SelectBackward0")
+    assert counts["false"] > 0 and counts["true"] == 0, counts
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
+def test_fused_cross_entropy_matches_the_whole_logits_loss(recipe):
+    common = (*GPU_TINY, "backend=te", f"recipe={recipe}", "seed=5")
+    loss_a, ga, _ = _grads_after_one_step(compose_cfg(*common))
+    loss_b, gb, _ = _grads_after_one_step(compose_cfg(*common, "model.cross_entropy_loss_fusion=true"))
+    assert loss_b.shape == () and abs(loss_a - loss_b) <= 1e-5 * abs(loss_a)
+    for name in ga:  # bf16 logit grads from fp32 softmax, up to the order of fp32 operations
+        scale = ga[name].abs().max().clamp_min(1e-12)
+        assert (ga[name] - gb[name]).abs().max() <= 2e-2 * scale, name
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("recipe", ["tensorwise_fp8attn", "delayed_fp8attn"])
+def test_fp8_attention_recipes_train(tmp_path, recipe):
+    import json
+
+    from harness.train import run
+
+    # head size 64 and a sequence of 128: shapes cuDNN's FP8 attention takes
+    cfg = compose_cfg(*GPU_TINY, "backend=te", f"recipe={recipe}", "steps=50", "model.seq_length=128")
+    s = run(cfg, tmp_path)
+    assert s.status == "completed" and math.isfinite(s.final_train_loss) and s.final_train_loss < 5.4
+    run_json = json.loads((tmp_path / "run.json").read_text())
+    assert run_json["provenance"]["speed_options"]["fp8_dpa"] is True
+    if recipe == "tensorwise_fp8attn":
+        assert run_json["provenance"]["nvte_set"]["NVTE_DPA_FP8_RECIPE"] == "DelayedScaling"
+
+
+@needs_cuda
+@needs_te
+def test_fp8_attention_really_quantizes_attention():
+    """The FP8 attention path runs: DotProductAttention's fused FP8 backend, and the loss differs from
+    tensorwise's (whose attention is bf16) on the same batch."""
+    common = (*GPU_TINY, "backend=te", "seed=7", "model.seq_length=128")
+    loss_tw, _, _ = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise"))
+    loss_fa, _, trainer = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise_fp8attn"))
+    assert math.isfinite(float(loss_fa)) and not torch.equal(loss_tw, loss_fa)
+    dpa = trainer.model.blocks[0].layer.self_attention.core_attention
+    assert dpa.fp8_meta["recipe"].fp8_dpa
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise", "delayed"])
+def test_cuda_graphs_train_like_eager(tmp_path, recipe):
+    """Replaying the captured blocks gives the eager run's losses (same kernels, same inputs), with
+    fp32 main grads (Megatron's default optimizer) and with bf16 params (the anchor's)."""
+    import json
+
+    from harness.train import run
+
+    for opt in ("adamw_fp32", "bf16_params"):
+        common = (
+            *GPU_TINY,
+            "backend=te",
+            f"recipe={recipe}",
+            f"optimizer={opt}",
+            "steps=6",
+            "log_interval=1",
+        )
+        losses = {}
+        for graphs in ("false", "true"):
+            out = tmp_path / f"{opt}_{graphs}"
+            s = run(compose_cfg(*common, f"backend.cuda_graphs={graphs}"), out)
+            assert s.status == "completed", (opt, graphs, s.error)
+            rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            losses[graphs] = [r["loss/train"] for r in rows if "loss/train" in r]
+        assert len(losses["true"]) == 6
+        for a, b in zip(losses["false"], losses["true"]):
+            assert abs(a - b) <= 1e-3 * abs(a), (opt, losses)
+
+
+@needs_cuda
+@needs_te
+def test_fp8_lm_head_quantizes_the_head_and_trains(tmp_path):
+    """tensorwise_fp8head: the LM head is a te.Linear that ran under FP8 autocast (verify_active), its
+    loss differs from tensorwise's on the same batch (BF16 head), and 50 steps train."""
+    import json
+
+    from harness.train import run
+
+    common = (*GPU_TINY, "backend=te", "seed=9")
+    loss_tw, g_tw, _ = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise"))
+    loss_fh, g_fh, trainer = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise_fp8head"))
+    import transformer_engine.pytorch as te
+
+    assert isinstance(trainer.model.lm_head, te.Linear)
+    trainer.backend.verify_active(trainer.model, 0)
+    assert math.isfinite(float(loss_fh)) and not torch.equal(loss_tw, loss_fh)
+    assert g_fh["lm_head.weight"].abs().max() > 0
+    s = run(compose_cfg(*common, "recipe=tensorwise_fp8head", "steps=50"), tmp_path)
+    assert s.status == "completed" and math.isfinite(s.final_train_loss) and s.final_train_loss < 5.4
+    run_json = json.loads((tmp_path / "run.json").read_text())
+    assert run_json["provenance"]["speed_options"]["fp8_lm_head"] is True
