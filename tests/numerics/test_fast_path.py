@@ -255,3 +255,28 @@ def test_fused_stochastic_rounding_draws_what_the_cuda_reference_draws(monkeypat
         ]
         assert torch.equal(qs[0].elems, qs[1].elems) and torch.equal(qs[0].data, qs[1].data)
         assert torch.equal(qs[0].gemm_operand()[0], qs[1].gemm_operand()[0])
+
+
+def _amax_inputs():
+    out = [x for _, x in INPUT_SET]
+    special = torch.tensor([[1.0, -0.0, float("nan"), -3.5], [float("-inf"), 2.0, 0.0, -7.0]])
+    out += [special, special.to(BF16), torch.full((2, 4), -0.0), torch.full((2, 4), float("nan"))]
+    return out
+
+
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_sync_free_amax_is_the_reference_amax(fused):
+    """scaling.amax_nosync (what CUDA runs: no host sync for the NaN check) against scaling.amax's
+    CPU value, bit for bit, whole-tensor and per block, NaN, +-Inf and -0.0 included; `fused`:
+    compiled (inductor's C++ backend here)."""
+    from harness.numerics.scaling import amax, amax_nosync
+
+    for x in _amax_inputs():
+        for xx in (x, x.to(BF16)):
+            for dim in (None, (1,)):
+                want, _ = amax(xx, dim)
+                got = amax_nosync(xx, dim, fused=fused)
+                assert want.dtype == got.dtype and want.shape == got.shape
+                if dim is None and not bool((xx.float().abs() > 0).any()):
+                    want = want.abs()  # all zeros: the reference's aminmax may return -0.0, TE's +0
+                assert torch.equal(want.view(torch.int32), got.view(torch.int32)), (xx.dtype, dim, xx)
