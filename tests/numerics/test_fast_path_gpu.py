@@ -199,11 +199,12 @@ def test_cuda_amax_is_the_cpu_amax_without_a_sync():
     x[3, 7], x[100, 0] = float("nan"), float("-inf")
     for xx in (x, x.to(BF16)):
         for dim in (None, (1,)):
-            want = amax(xx, dim)[0]
-            amax(xx.cuda(), dim)  # compiles
+            want, xc = amax(xx, dim)[0], xx.cuda()
+            amax(xc, dim)  # compiles
+            torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
             try:
-                got = amax(xx.cuda(), dim)[0]
+                got = amax(xc, dim)[0]
             finally:
                 torch.cuda.set_sync_debug_mode(0)
             _same(want, got, f"amax {xx.dtype} dim={dim}")
