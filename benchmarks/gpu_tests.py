@@ -29,34 +29,44 @@ def plan(spec: specs.Spec, opts: Options) -> dict[str, list[str]]:
 class Outcomes:
     """A pytest plugin keeping each test's outcome (setup skips and call failures alike)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_report=None) -> None:
         self.counts: dict[str, int] = {}
         self.failures: dict[str, str] = {}
+        self.durations: dict[str, float] = {}
+        self.on_report = on_report  # called after each outcome: a killed call keeps what ran
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.when == "call" or (report.when == "setup" and not report.passed):
             self.counts[report.outcome] = self.counts.get(report.outcome, 0) + 1
+            self.durations[report.nodeid] = round(report.duration, 1)
             if report.failed:
                 self.failures[report.nodeid] = str(report.longrepr)[-1500:]
+            if self.on_report is not None:
+                self.on_report()
 
 
 def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
     import pytest
 
-    plugin, t0 = Outcomes(), time.perf_counter()
+    t0 = time.perf_counter()
+
+    def result(code) -> dict:
+        return {
+            "_meta": specs.meta(spec, opts),
+            "exit_code": code,  # null while the tests still run (a file from a killed call)
+            "counts": plugin.counts,
+            "failures": plugin.failures,
+            "durations_s": plugin.durations,
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+
+    plugin = Outcomes(on_report=lambda: specs.write_json(out, result(None)))
     args = ["-q", "-m", "gpu", "-p", "no:cacheprovider", *opts.paths] + (
         ["-k", opts.select] if opts.select else []
     )
-    code = pytest.main(args, plugins=[plugin])
-    result = {
-        "_meta": specs.meta(spec, opts),
-        "exit_code": int(code),
-        "counts": plugin.counts,
-        "failures": plugin.failures,
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
-    specs.write_json(out, result)
-    return result
+    final = result(int(pytest.main(args, plugins=[plugin])))
+    specs.write_json(out, final)
+    return final
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,15 +115,16 @@ def compile_available(device_type: str) -> tuple[bool, str]:
     return True, ""
 
 
-def compiled(fn, device_type: str):
+def compiled(fn, device_type: str, dynamic: bool | None = None):
     """torch.compile(fn) for tensors on `device_type`, or fn itself with one warning when no
-    compiler is available there or compiling fails. Shapes: torch.compile's default (a second
-    shape recompiles with dynamic sizes, so a run compiles each function a few times at most)."""
+    compiler is available there or compiling fails. `dynamic`: torch.compile's (None: a second
+    shape recompiles with dynamic sizes; True: one kernel for every shape from the start, for the
+    elementwise casts, whose per-element operations do not depend on the sizes)."""
     ok, why = compile_available(device_type)
     if not ok:
         _warn_once(fn, device_type, why)
         return fn
-    return _compiled(fn, device_type)
+    return _compiled(fn, device_type, dynamic)
 
 
 def _warn_once(fn, device_type: str, why: str) -> None:
@@ -144,8 +145,8 @@ def _limit_patch():
 
 
 @functools.cache
-def _compiled(fn, device_type: str):
-    inner = torch.compile(fn, fullgraph=True)
+def _compiled(fn, device_type: str, dynamic: bool | None = None):
+    inner = torch.compile(fn, fullgraph=True, dynamic=dynamic)
     failed: list[str] = []
 
     @functools.wraps(fn)
@@ -182,7 +183,7 @@ def _block_cast(dtype: torch.dtype, fmax: float):
 
 def cast_blocks(blocks: torch.Tensor, scale: torch.Tensor, dec: torch.Tensor, fmt):
     """Fused blockwise/MXFP8 cast: (codes in blocks' shape, dequantized bf16 values)."""
-    return compiled(_block_cast(fmt.dtype, fmt.max), blocks.device.type)(blocks, scale, dec)
+    return compiled(_block_cast(fmt.dtype, fmt.max), blocks.device.type, True)(blocks, scale, dec)
 
 
 @functools.cache
@@ -197,7 +198,7 @@ def _tensor_cast(dtype: torch.dtype, fmax: float):
 
 def cast_tensor(x2: torch.Tensor, scale: torch.Tensor, fmt):
     """Fused per-tensor cast: (codes (M, K), the codes as bf16)."""
-    return compiled(_tensor_cast(fmt.dtype, fmt.max), x2.device.type)(x2, scale)
+    return compiled(_tensor_cast(fmt.dtype, fmt.max), x2.device.type, True)(x2, scale)
 
 
 @functools.cache
@@ -223,5 +224,5 @@ def cast_e2m1(blocks, k, sf32, has_nan: bool, generator=None, stochastic: bool =
     """Fused NVFP4 element cast: (grid values in blocks' shape, fp32; value x E4M3 scale in bf16).
     Stochastic rounding draws torch.rand(blocks.shape) from `generator` as the CUDA reference does."""
     u = torch.rand(blocks.shape, generator=generator, device=blocks.device) if stochastic else None
-    fn = compiled(_e2m1_cast(has_nan, stochastic), blocks.device.type)
+    fn = compiled(_e2m1_cast(has_nan, stochastic), blocks.device.type, True)
     return fn(blocks, k, sf32, u)

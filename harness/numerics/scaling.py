@@ -11,6 +11,7 @@ import functools
 
 import torch
 
+from harness.numerics import fast
 from harness.numerics.formats import E4M3, E5M2, FLT_MAX, FP8Format
 
 ROLES = ("input", "weight", "grad")
@@ -52,9 +53,13 @@ _ABS_BITS = {
 def amax(x: torch.Tensor, dim=None) -> tuple[torch.Tensor, bool]:
     """max|x| as fp32, NaN ignored (TE's fmaxf from 0), and whether x held a NaN.
 
-    Exact in x's own dtype. Reduces over `dim` (all dims if None).
+    Exact in x's own dtype. Reduces over `dim` (all dims if None). On CUDA: no host sync (see
+    `amax_nosync`); has_nan is then True ("may hold a NaN"), which every consumer treats exactly as
+    it treats a tensor without NaN: the NaN-safe branches are no-ops on NaN-free values.
     """
     spec = _ABS_BITS.get(x.dtype)
+    if x.is_cuda and spec is not None:
+        return amax_nosync(x, dim), True
     if dim is None or spec is None:
         return _amax_float(x, dim)
     itype, mask, inf = spec
@@ -64,6 +69,27 @@ def amax(x: torch.Tensor, dim=None) -> tuple[torch.Tensor, bool]:
     if has_nan:  # rare: drop NaNs so they are ignored like fmaxf does
         m = bits.masked_fill_(bits > inf, 0).amax(dim=dim)
     return m.view(x.dtype).float(), has_nan
+
+
+def amax_nosync(x: torch.Tensor, dim=None, fused: bool = True) -> torch.Tensor:
+    """`amax`'s value without the host sync its NaN check costs: NaN bit patterns (above Inf's)
+    are zeroed before the max-reduction unconditionally, one compiled reduction over x (integer
+    max: exact in any order). A sync per quantized tensor drains the launch queue on a GPU."""
+    fn = _amax_bits(x.dtype, dim)
+    return (fast.compiled(fn, x.device.type, True) if fused else fn)(x)
+
+
+@functools.cache
+def _amax_bits(dtype: torch.dtype, dim):
+    itype, mask, inf = _ABS_BITS[dtype]
+
+    def amax_bits(x):
+        bits = x.view(itype) & mask  # |x| bit patterns
+        bits = torch.where(bits > inf, torch.zeros_like(bits), bits)  # NaN -> 0, ignored like fmaxf
+        m = bits.amax() if dim is None else bits.amax(dim=dim)
+        return m.view(dtype).float()
+
+    return amax_bits
 
 
 def _amax_float(x: torch.Tensor, dim=None) -> tuple[torch.Tensor, bool]:

@@ -255,3 +255,60 @@ def test_fused_stochastic_rounding_draws_what_the_cuda_reference_draws(monkeypat
         ]
         assert torch.equal(qs[0].elems, qs[1].elems) and torch.equal(qs[0].data, qs[1].data)
         assert torch.equal(qs[0].gemm_operand()[0], qs[1].gemm_operand()[0])
+
+
+def _amax_inputs():
+    out = [x for _, x in INPUT_SET]
+    special = torch.tensor([[1.0, -0.0, float("nan"), -3.5], [float("-inf"), 2.0, 0.0, -7.0]])
+    out += [special, special.to(BF16), torch.full((2, 4), -0.0), torch.full((2, 4), float("nan"))]
+    return out
+
+
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_sync_free_amax_is_the_reference_amax(fused):
+    """scaling.amax_nosync (what CUDA runs: no host sync for the NaN check) against scaling.amax's
+    CPU value, bit for bit, whole-tensor and per block, NaN, +-Inf and -0.0 included; `fused`:
+    compiled (inductor's C++ backend here)."""
+    from harness.numerics.scaling import amax, amax_nosync
+
+    for x in _amax_inputs():
+        for xx in (x, x.to(BF16)):
+            for dim in (None, (1,)):
+                want, _ = amax(xx, dim)
+                got = amax_nosync(xx, dim, fused=fused)
+                assert want.dtype == got.dtype and want.shape == got.shape
+                if dim is None and not bool((xx.float().abs() > 0).any()):
+                    want = want.abs()  # all zeros: the reference's aminmax may return -0.0, TE's +0
+                assert torch.equal(want.view(torch.int32), got.view(torch.int32)), (xx.dtype, dim, xx)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_quantize_with_the_cuda_amax_reads_no_tensor_on_the_host(case, monkeypatch):
+    """Every quantizer with CUDA's sync-free amax (forced onto CPU tensors here) calls no
+    bool()/item() of a tensor (aten::_local_scalar_dense: a host sync on CUDA), and gives the
+    reference's codes and scales (the NaN-safe branches it takes instead are no-ops here)."""
+    import importlib
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from harness.numerics import scaling
+
+    x = INPUT_SET[0][1]
+    want = _copies(x, case)
+    cuda_amax = lambda t, dim=None: (scaling.amax_nosync(t, dim, fused=False), True)  # noqa: E731
+    for mod in ("blockwise", "mxfp8", "nvfp4", "quantizers", "tensorwise"):
+        monkeypatch.setattr(importlib.import_module(f"harness.numerics.{mod}"), "amax", cuda_amax)
+    syncs = []
+
+    class Syncs(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                syncs.append(func)
+            return func(*args, **(kwargs or {}))
+
+    copies = _copies(x, case)  # outside the mode: the reference's scalar constants are cached
+    with Syncs():
+        copies = _copies(x, case)
+    assert not syncs, f"{case}: {len(syncs)} host reads of a tensor"
+    for w, g in zip(want, copies):
+        assert torch.equal(w.data, g.data) and torch.equal(w.scale_inv, g.scale_inv), case
