@@ -63,7 +63,10 @@ class _Row:
             data = getattr(self.qt, "_rowwise_data", None)
         if data is None:
             return None
-        kind = str(getattr(self.qt, "_fp8_dtype", getattr(self.qt, "_fp4_dtype", "")))
+        tag = getattr(self.qt, "_fp8_dtype", getattr(self.qt, "_fp4_dtype", ""))
+        # TE's DType is an IntEnum (transformer_engine.pytorch.constants), whose str() is its number
+        # from Python 3.11 on: read the member's name (kFloat8E4M3), as for the pybind11 enum
+        kind = str(getattr(tag, "name", tag))
         for name, fmax in _FP8_MAX.items():
             if name in kind.upper() and data.numel() == self.x.numel():
                 dtype = torch.float8_e4m3fn if name == "E4M3" else torch.float8_e5m2
