@@ -161,53 +161,6 @@ _SPECS = (
         **_FP8,
     ),
     RecipeSpec(
-        name="tensorwise_fp8attn",
-        summary="tensorwise linears with TE FP8 attention (fp8_dpa; attention in delayed scaling, "
-        "which Hopper needs)",
-        scheme="current",
-        te_check="is_fp8_available",
-        te_recipe_class="Float8CurrentScaling",
-        nvte_vars=(NvteVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "power_2_scales"),),
-        min_cc=8.9,
-        cpu_offload_ok=False,
-        te_only=True,
-        megatron=MegatronFlags(
-            fp8_recipe="tensorwise",
-            note="# FP8 attention in delayed scaling through the NVTE_DPA_FP8_RECIPE* variables below "
-            "(TE has no fused current-scaling FP8 attention below compute capability 10.0)",
-        ),
-        defaults={
-            "fp8": "hybrid",
-            "power_2_scales": False,
-            "amax_epsilon": 0.0,
-            "fp8_dpa": True,
-            "fp8_dpa_recipe": "delayed",
-        },
-        **_FP8,
-    ),
-    RecipeSpec(
-        name="delayed_fp8attn",
-        summary="FP8 delayed scaling with TE FP8 attention (fp8_dpa)",
-        scheme="amax_history",
-        delayed_scaling=True,
-        margin_applies=True,
-        te_check="is_fp8_available",
-        te_recipe_class="DelayedScaling",
-        min_cc=8.9,
-        fused_casts={"input": ("qkv", "fc1", "fc2"), "grad": ("fc1",)},
-        first_last_bf16_ok=False,
-        te_high_precision_backward_ok=False,
-        te_only=True,
-        megatron=MegatronFlags(fp8_recipe="delayed", history_flags=True),
-        defaults={
-            "fp8": "hybrid",
-            "fp8_amax_history_len": 1024,
-            "fp8_amax_compute_algo": "max",
-            "fp8_dpa": True,
-        },
-        **_FP8,
-    ),
-    RecipeSpec(
         name="blockwise",
         summary="FP8 block scaling (TE Float8BlockScaling): 1x128 activations/grads, 128x128 weights",
         scheme="block",
@@ -296,6 +249,33 @@ _SPECS = (
         megatron=MegatronFlags(fp8_recipe="custom", fp4_recipe="custom", quantizer_factory=True),
         defaults={"fp8": "e4m3", "quantizer_factory": None},
     ),
+)
+
+
+def _fp8_attention(base: RecipeSpec, summary: str, note: str | None = None, **defaults) -> RecipeSpec:
+    """`base` with TE's FP8 attention (recipe.fp8_dpa): a recipe of its own, as it changes numerics."""
+    megatron = dataclasses.replace(base.megatron, note=note) if note else base.megatron
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}_fp8attn",
+        summary=summary,
+        te_only=True,
+        megatron=megatron,
+        defaults={**base.defaults, "fp8_dpa": True, **defaults},
+    )
+
+
+_BY_NAME = {s.name: s for s in _SPECS}
+_SPECS += (
+    _fp8_attention(
+        _BY_NAME["tensorwise"],
+        "tensorwise linears with TE FP8 attention (fp8_dpa; attention in delayed scaling, "
+        "which Hopper needs)",
+        note="# FP8 attention in delayed scaling through the NVTE_DPA_FP8_RECIPE* variables below "
+        "(TE has no fused current-scaling FP8 attention below compute capability 10.0)",
+        fp8_dpa_recipe="delayed",
+    ),
+    _fp8_attention(_BY_NAME["delayed"], "FP8 delayed scaling with TE FP8 attention (fp8_dpa)"),
 )
 
 
