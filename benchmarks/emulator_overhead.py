@@ -68,6 +68,7 @@ def make_arm(cfg, device: torch.device):
             loss = loss_fn(net(tokens[:, :-1]), tokens[:, 1:].contiguous())
         loss.backward()
         opt.step()
+        backend.after_optimizer_step(net)
         opt.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -110,9 +110,9 @@ def _launch_stacks(events: list[dict]) -> dict[int, list[str]]:
     return out
 
 
-def breakdown(trace: dict, steps: int) -> dict:
+def breakdown(trace: dict, steps: int, top: int = 10) -> dict:
     """ms per step per category (every category present, zeros included), the total, and the
-    ten longest kernels by name, from a Chrome trace of `steps` train steps."""
+    `top` longest kernels by name, from a Chrome trace of `steps` train steps."""
     events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
     stacks = _launch_stacks(events)
     per_cat: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
@@ -124,12 +124,12 @@ def breakdown(trace: dict, steps: int) -> dict:
         ops = stacks.get((e.get("args") or {}).get("correlation"), [])
         per_cat[classify(e.get("name", ""), ops)] += ms
         per_kernel[e.get("name", "")[:90]] += ms
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:10]
+    longest = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]
     return {
         "steps": steps,
         "ms_per_step": {k: v / steps for k, v in per_cat.items()},
         "gpu_total_ms_per_step": sum(per_cat.values()) / steps,
-        "top_kernels_ms_per_step": {k: v / steps for k, v in top},
+        "top_kernels_ms_per_step": {k: v / steps for k, v in longest},
     }
 
 

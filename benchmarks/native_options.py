@@ -44,6 +44,8 @@ class Options:
         default=("mem_",), metadata={"help": "label prefixes that skip the profile (memory rows)"}
     )
     budget_s: float = field(default=210.0, metadata={"help": "no run starts after this many seconds"})
+    top_kernels: int = field(default=10, metadata={"help": "longest kernels kept per run"})
+    top_ops: int = field(default=0, metadata={"help": "CPU ops by self CUDA time kept per run (0: none)"})
 
 
 def plan(spec: specs.Spec, opts: Options) -> dict[str, list[str]]:
@@ -80,7 +82,7 @@ def _saved_bytes(trainer, step: int) -> int:
     return counter.bytes
 
 
-def _profile(trainer, first: int, steps: int, out: Path) -> dict:
+def _profile(trainer, first: int, steps: int, out: Path, opts: Options) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -88,9 +90,18 @@ def _profile(trainer, first: int, steps: int, out: Path) -> dict:
             trainer.train_step(step)
         torch.cuda.synchronize()
     prof.export_chrome_trace(str(out))
-    result = kernel_breakdown(json.loads(out.read_text()), steps)
+    result = kernel_breakdown(json.loads(out.read_text()), steps, opts.top_kernels)
+    if opts.top_ops:  # which PyTorch ops the GPU time belongs to (the emulated path is plain PyTorch)
+        ops = sorted(prof.key_averages(), key=lambda e: -_self_device_us(e))[: opts.top_ops]
+        result["top_ops_ms_per_step"] = {
+            e.key[:90]: {"ms": _self_device_us(e) / 1e3 / steps, "calls": e.count / steps} for e in ops
+        }
     out.unlink()  # hundreds of MB; the breakdown is what is kept
     return result
+
+
+def _self_device_us(event) -> float:
+    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
 
 
 def measure(label: str, overrides: list[str], opts: Options, work: Path) -> dict:
@@ -115,7 +126,9 @@ def measure(label: str, overrides: list[str], opts: Options, work: Path) -> dict
         entry["peak_mem_gib"] = peak / 2**30
         entry["memory"] = breakdown(trainer.model, trainer.optimizer, peak_bytes=peak, saved_bytes=saved)
         if opts.profile and not label.startswith(tuple(opts.skip_profile)):
-            entry["breakdown"] = _profile(trainer, step + 1, opts.profile_steps, work / f"trace_{label}.json")
+            entry["breakdown"] = _profile(
+                trainer, step + 1, opts.profile_steps, work / f"trace_{label}.json", opts
+            )
     except Exception:  # noqa: BLE001 - one failing run must not lose the others
         entry["error"] = traceback.format_exc()[-2000:]
         print(f"[native_options] {label} failed:\n{entry['error']}", file=sys.stderr, flush=True)

@@ -26,7 +26,7 @@ from harness.backends.hooks import make_hook
 from harness.model import GPT, LayerNorm, bf16_values, norm
 from harness.numerics import NumericsContext, QuantizedLinear, fast
 from harness.numerics.formats import E4M3, cast_fp8
-from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm
+from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm, te_rsigma
 
 BF16 = torch.bfloat16
 
@@ -172,23 +172,24 @@ class Activation(nn.Module):
 
 
 class _TEOrderLayerNorm(torch.autograd.Function):
-    """Forward: TE's kernel order (harness.numerics.te_layernorm); backward: torch's layer_norm's."""
+    """Forward: TE's kernel order (harness.numerics.te_layernorm); backward: torch's layer_norm
+    backward on the forward's statistics (TE's backward, too, reuses its forward's mu and rsigma)."""
 
     @staticmethod
     def forward(ctx, x, w, b, eps, fma, fused):
-        ctx.save_for_backward(x, w, b)
-        ctx.eps = eps
-        return te_layer_norm(x, w, b, eps, fma, fused=fused)
+        mu, rs = te_rsigma(x.reshape(-1, x.shape[-1]), eps, fma, fused)  # (rows,), (rows,)
+        ctx.save_for_backward(x, w, b, mu, rs)
+        return te_layer_norm(x, w, b, eps, fma, stats=(mu, rs), fused=fused)
 
     @staticmethod
     def backward(ctx, gy):
-        x, w, b = ctx.saved_tensors
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(need) for t, need in zip((x, w, b), ctx.needs_input_grad)]
-            y = F.layer_norm(leaves[0], x.shape[-1:], leaves[1], leaves[2], ctx.eps)
-            wanted = [t for t in leaves if t.requires_grad]
-            grads = iter(torch.autograd.grad(y, wanted, gy) if wanted else ())
-        return *(next(grads) if t.requires_grad else None for t in leaves), None, None, None
+        x, w, b, mu, rs = ctx.saved_tensors
+        stat_shape = (*x.shape[:-1], 1)
+        gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
+            gy.contiguous(), x, x.shape[-1:], mu.view(stat_shape), rs.view(stat_shape), w, b,
+            list(ctx.needs_input_grad[:3]),
+        )  # fmt: skip
+        return gx, gw, gb, None, None, None
 
 
 class TEOrderLayerNorm(LayerNorm):
@@ -290,6 +291,9 @@ class EmulatedBackend(Backend):
         # bf16 rounding lives in the GEMMs themselves (bf16_linear); this context only times
         # delayed-scaling updates, a counter and a flag when nothing uses them
         return self.numerics.autocast()
+
+    def after_optimizer_step(self, model: nn.Module) -> None:
+        self.numerics.weights_changed()  # the quantized weight copies are recomputed on next use
 
     def collect_telemetry(self) -> contextlib.AbstractContextManager[list[dict]]:
         """`with backend.collect_telemetry() as rows:` one row per quantized operand and pass."""

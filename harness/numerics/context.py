@@ -33,6 +33,8 @@ class NumericsContext:
         # data parallel: in-place MAX of a list of amax tensors over the ranks (TE's reduce_amax in
         # reduce_and_update_fp8_tensors), applied to each set's current amaxes before its update
         self.amax_reducer = None
+        # bumped after every optimizer step: the quantized weight copies cached before it are stale
+        self.weights_generation = 0
 
     # -- the precision context -----------------------------------------------------------------
     @contextlib.contextmanager
@@ -46,6 +48,10 @@ class NumericsContext:
             self.depth -= 1
             if self.depth == 0 and torch.is_grad_enabled():
                 self.update_forward()
+
+    def weights_changed(self) -> None:
+        """The optimizer stepped: every cached weight quantization is stale (QuantizedLinear)."""
+        self.weights_generation += 1
 
     def claim_first(self) -> bool:
         """True for the first quantized module forward since the outermost context was entered."""

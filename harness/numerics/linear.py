@@ -92,18 +92,22 @@ class QuantizedLinear:
         return row, col
 
     def quantize_weight(self, weight: torch.Tensor, need_columnwise: bool):
-        """Both copies of bf16(W), recomputed only when bf16(W) changed.
+        """Both copies of bf16(W), recomputed only when W may have changed.
 
-        Compared by value, not by version counter: optimizers that write `p.data` do not bump it.
-        W is small next to the activations, so the comparison costs little.
+        The cache is keyed on the optimizer steps taken (NumericsContext.weights_generation, bumped
+        by the backend after each; optimizers that write `p.data` bump no version counter) and on
+        W's storage and version counter (in-place writes between steps: load_state_dict, a
+        user's `p.copy_`). No value comparison: that is a host sync per Linear, hundreds a step on
+        a GPU. Quantizing W is deterministic (no stochastic rounding for weights), so a reused copy
+        is the copy a recomputation would give.
         """
-        w16 = weight.detach().to(BF16)
+        key = (self.context.weights_generation, weight.data_ptr(), weight._version, tuple(weight.shape))
         cache = self._weight_cache
-        stale = cache is None or cache[2].shape != w16.shape or not torch.equal(cache[2], w16)
-        if stale or (need_columnwise and cache[1] is None):
+        if cache is None or cache[2] != key or (need_columnwise and cache[1] is None):
+            w16 = weight.detach().to(BF16)
             row, col = quantize_pair(self.quantizers["weight"], w16, True, need_columnwise)
-            self._weight_cache = cache = (row, col, w16)
-        self.context.telemetry.add(self.name, "weight", cache[2], cache[0])
+            self._weight_cache = cache = (row, col, key, w16)
+        self.context.telemetry.add(self.name, "weight", cache[3], cache[0])
         return cache[0], cache[1]
 
     def quantize_grad(self, dy2: torch.Tensor, need_rowwise: bool, need_columnwise: bool):
@@ -188,14 +192,13 @@ class _FastQuantizedLinearFn(torch.autograd.Function):
         m, n = x2.shape[0], weight.shape[0]
         (xa, xs), (wa, ws) = fast.operand(xr, m), fast.operand(wr, n)  # (M, K), (N, K)
         b = bias.to(BF16) if bias is not None else None
-        y = fast.mm(xa, wa.t(), fast.alpha_of(xs, ws), b)  # (M, N) fp32
+        y = fast.mm_bf16(xa, wa.t(), fast.alpha_of(xs, ws), b, fp32_storage=mod.fp32_output)  # (M, N)
         xw, xws = fast.operand(xc if xc is not None else x2.to(BF16), m) if need_dw else (None, None)
         wd, wds = fast.operand(wc, n) if need_dx else (None, None)
         ctx.save_for_backward(xw, xws, wd, wds)
         ctx.mod, ctx.x_dtype, ctx.x_shape = mod, x.dtype, x.shape
         ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype if bias is not None else None
         ctx.first = mod.context.claim_first()
-        y = y.to(BF16).float() if mod.fp32_output else y.to(BF16)
         return y.view(*x.shape[:-1], n)
 
     @staticmethod
@@ -211,7 +214,7 @@ class _FastQuantizedLinearFn(torch.autograd.Function):
         dx = dw = db = None
         if need_dx:
             da, das = fast.operand(dyr, m)
-            dx = fast.mm(da, wd, fast.alpha_of(das, wds)).to(BF16).to(ctx.x_dtype).view(ctx.x_shape)
+            dx = fast.mm_bf16(da, wd, fast.alpha_of(das, wds)).to(ctx.x_dtype).view(ctx.x_shape)
         if need_dw:
             dwa, dws = fast.operand(dyc if fp8_dw else dy2, m)
             dw = fast.mm(dwa.t(), xw, fast.alpha_of(dws, xws))  # (N, K), fp32

@@ -34,7 +34,7 @@ import functools
 
 import torch
 
-from harness.numerics import fast
+from harness.numerics import fast, te_layernorm_triton
 
 # hidden -> (WARPS_M, WARPS_N, BYTES_PER_LDG), CTAS_PER_ROW = 1: ln_fwd_cuda_kernel.cu's tuned launchers
 # for a bf16 input (bf16 or fp8 output, fp32 compute). 3840 (BYTES_PER_LDG 4) is left out: its means
@@ -161,9 +161,9 @@ def te_layer_norm_stats(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, M2) per row of a [rows, hidden] tensor of bf16 values, reduced in TE's order.
 
-    `fused`: the same operations through torch.compile (a few kernels instead of several hundred
-    launches; the same numbers, which tests/numerics/test_te_layernorm.py checks on a CPU and
-    test_fast_path_gpu.py on CUDA)."""
+    `fused`: the same operations in one Triton kernel on CUDA (harness.numerics.te_layernorm_triton),
+    elsewhere through torch.compile (a few kernels instead of several hundred launches). The same
+    numbers: tests/numerics/test_te_layernorm.py checks them on a CPU, test_fast_path_gpu.py on CUDA."""
     rows, hidden = x.shape
     layout = kernel_layout(hidden, rows)
     if layout is None:
@@ -171,10 +171,13 @@ def te_layer_norm_stats(
             f"LayerNorm of {rows} rows x {hidden}: TE's kernel for it is not emulated; use layer_norm"
         )
     _, wn, ne, ldgs = layout
-    col, valid = _value_columns(hidden, wn, ne, ldgs, str(x.device))
-    stats = fast.compiled(_stats, x.device.type) if fused else _stats
     n = ldgs * ne * 32  # values per warp
     rn = _f32(1.0 / hidden) if wn == 1 else _f32(1.0 / n)
+    if fused and x.is_cuda and te_layernorm_triton.available():
+        mw, m2w = te_layernorm_triton.warp_stats(x, wn, ne, ldgs, rn, "m2" in fma)
+        return (mw[:, 0], m2w[:, 0]) if wn == 1 else _chan_merge(mw, m2w, float(n))
+    col, valid = _value_columns(hidden, wn, ne, ldgs, str(x.device))
+    stats = fast.compiled(_stats, x.device.type) if fused else _stats
     return stats(x, col, valid, wn, n, rn, tuple(sorted(fma)))
 
 

@@ -65,7 +65,7 @@ def test_high_precision_wgrad():
     assert torch.equal(w.grad, (dy.float().t() @ x.detach().to(BF16).float()).to(BF16).float())
 
 
-def test_weight_quantized_once_per_value(monkeypatch):
+def test_weight_quantized_once_per_optimizer_step_or_write(monkeypatch):
     ctx = NumericsContext()
     lin = QuantizedLinear("blocks.0.mlp.fc1", resolve_recipe("mxfp8"), ctx)
     calls = []
@@ -77,9 +77,16 @@ def test_weight_quantized_once_per_value(monkeypatch):
     for _ in range(3):  # three micro-batches, one weight value
         lin.linear(x, w, b)
     assert calls == [False, True]
-    w.data.add_(1.0)  # an optimizer writing p.data: the version counter does not move
+    w.data.add_(1.0)  # an optimizer writing p.data: the version counter does not move ...
+    ctx.weights_changed()  # ... but the backend says the optimizer stepped
     lin.linear(x, w, b)
     assert calls == [False, True, False, True]
+    with torch.no_grad():
+        w.add_(1.0)  # an in-place write through the parameter between steps (load_state_dict, a user)
+    lin.linear(x, w, b)
+    assert calls == [False, True, False, True, False, True]
+    lin.linear(x, w, b)  # unchanged since: no host sync, no comparison, the cached copies
+    assert len(calls) == 6
 
 
 def test_wgrad_fp32_keeps_the_wgrad_gemm_unrounded():

@@ -4,6 +4,10 @@ the H200 (benchmarks/fidelity/layernorm_probe.py, tests/test_gpu.py)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -132,3 +136,52 @@ def test_gpt_trains_with_the_te_order_norm(monkeypatch):
 def test_uncovered_shape_is_refused_in_one_line():
     with pytest.raises(ValueError, match="3840: TE's kernel for it is not emulated"):
         te_rsigma(torch.zeros(4, 3840), 1e-5)
+
+
+def _triton_matches_reference(hidden: int, rows: int) -> None:
+    from harness.numerics import te_layernorm as ln
+    from harness.numerics import te_layernorm_triton
+
+    _, wn, ne, ldgs = ln.kernel_layout(hidden, rows)
+    g = torch.Generator().manual_seed(hidden)
+    x = (torch.randn(rows, hidden, generator=g) * 3 + 1).bfloat16().float()
+    col, valid = ln._value_columns(hidden, wn, ne, ldgs, "cpu")
+    xv = torch.cat([x, x.new_zeros(rows, 1)], 1)[:, col]
+    rn = ln._f32(1.0 / hidden) if wn == 1 else ln._f32(1.0 / (ldgs * ne * 32))
+    for fma in (ln.FMA_SITES, frozenset()):
+        ref = ln._warp_stats(xv, valid, rn, fma)
+        got = te_layernorm_triton.warp_stats(x, wn, ne, ldgs, rn, "m2" in fma)
+        assert torch.equal(got[0], ref[0].reshape(rows, wn)), (hidden, sorted(fma), "mean")
+        assert torch.equal(got[1], ref[1].reshape(rows, wn)), (hidden, sorted(fma), "M2")
+
+
+def test_triton_statistics_are_the_reference_in_triton_s_interpreter():
+    """The CUDA fast path's Triton kernel (te_layernorm_triton) run by Triton's CPU interpreter
+    (TRITON_INTERPRET=1, read when triton compiles a kernel's definition: hence a fresh process):
+    per-warp (mean, M2) equal the reference's to the bit, with and without the M2 FMA, for one
+    warp, four warps, and the general kernel with loads past the row. Needs triton (a GPU extra);
+    the same check runs compiled on CUDA in test_fast_path_gpu.py."""
+    pytest.importorskip("triton")
+    shapes = [(2048, 8), (4096, 4), (768, 8), (1000, 5), (128, 3)]
+    code = "from tests.numerics.test_te_layernorm import _triton_matches_reference as f\n"
+    code += "".join(f"f({h}, {r})\n" for h, r in shapes)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_te_order_norm_backward_is_layer_norm_s_on_the_forward_statistics():
+    """_TEOrderLayerNorm's backward: torch's layer_norm backward on TE's mu and rsigma (no second
+    forward); close to layer_norm's gradients in fp64 (the statistics differ by fp32 ulps)."""
+    from harness.backends.emulated import _TEOrderLayerNorm
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(6, 768, generator=g) * 2 + 0.5).bfloat16().float().requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(768, generator=g)).bfloat16().float().requires_grad_(True)
+    b = (0.1 * torch.randn(768, generator=g)).bfloat16().float().requires_grad_(True)
+    gy = torch.randn(6, 768, generator=g)
+    _TEOrderLayerNorm.apply(x, w, b, 1e-5, frozenset(), False).backward(gy)
+    leaves = [t.detach().double().requires_grad_(True) for t in (x, w, b)]
+    F.layer_norm(leaves[0], (768,), leaves[1], leaves[2], 1e-5).backward(gy.double())
+    for ours, exact in zip((x.grad, w.grad, b.grad), (t.grad for t in leaves)):
+        assert (ours.double() - exact).abs().max() < 1e-5 * exact.abs().max()

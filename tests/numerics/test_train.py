@@ -35,6 +35,7 @@ def step(backend, model, opt, tokens) -> float:
         loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:].contiguous())
     loss.backward()
     opt.step()
+    backend.after_optimizer_step(model)  # as the Trainer does: cached weight copies are stale
     opt.zero_grad(set_to_none=True)
     return loss.item()
 
