@@ -160,6 +160,24 @@ def compiled(fn, device_type: str, dynamic: bool | None = None):
     return _compiled(fn, device_type, dynamic)
 
 
+def first_working(kernel, fallback):
+    """kernel(*args), or fallback(*args) from the first failure on (a Triton kernel that this
+    triton or GPU cannot build), with one warning; the two compute the same numbers."""
+    failed: list[str] = []
+
+    @functools.wraps(kernel)
+    def run(*args):
+        if not failed:
+            try:
+                return kernel(*args)
+            except Exception as e:  # noqa: BLE001 - a kernel build failure must not stop a run
+                failed.append(f"{type(e).__name__}: {str(e)[:200]}")
+                _warn_once(kernel, "cuda", f"failed ({failed[0]}); using {fallback.__name__}")
+        return fallback(*args)
+
+    return run
+
+
 def _warn_once(fn, device_type: str, why: str) -> None:
     key = f"{fn.__name__}:{device_type}"
     if key not in _WARNED:

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from harness.numerics import fast
+from harness.numerics import fast, triton_amax
 from harness.numerics.formats import E4M3, E5M2, FLT_MAX, FP8Format
 
 ROLES = ("input", "weight", "grad")
@@ -75,8 +75,21 @@ def amax_nosync(x: torch.Tensor, dim=None, fused: bool = True) -> torch.Tensor:
     """`amax`'s value without the host sync its NaN check costs: NaN bit patterns (above Inf's)
     are zeroed before the max-reduction unconditionally, one compiled reduction over x (integer
     max: exact in any order). A sync per quantized tensor drains the launch queue on a GPU."""
+    if fused and x.is_cuda and triton_amax.handles(x, dim):  # block amaxes: one Triton pass
+        return _block_amax_or_compiled(x, dim)
+    return _compiled_amax(x, dim, fused)
+
+
+def _compiled_amax(x: torch.Tensor, dim, fused: bool = True) -> torch.Tensor:
     fn = _amax_bits(x.dtype, dim)
     return (fast.compiled(fn, x.device.type, True) if fused else fn)(x)
+
+
+def _triton_block_amax(x: torch.Tensor, dim) -> torch.Tensor:
+    return triton_amax.block_amax(x).float()
+
+
+_block_amax_or_compiled = fast.first_working(_triton_block_amax, _compiled_amax)
 
 
 @functools.cache

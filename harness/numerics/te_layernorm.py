@@ -174,11 +174,22 @@ def te_layer_norm_stats(
     n = ldgs * ne * 32  # values per warp
     rn = _f32(1.0 / hidden) if wn == 1 else _f32(1.0 / n)
     if fused and x.is_cuda and te_layernorm_triton.available():
-        mw, m2w = te_layernorm_triton.warp_stats(x, wn, ne, ldgs, rn, "m2" in fma)
-        return (mw[:, 0], m2w[:, 0]) if wn == 1 else _chan_merge(mw, m2w, float(n))
-    col, valid = _value_columns(hidden, wn, ne, ldgs, str(x.device))
+        return _triton_or_compiled(x, wn, ne, ldgs, n, rn, fma)
+    return _gathered_stats(x, wn, ne, ldgs, n, rn, fma, fused)
+
+
+def _gathered_stats(x, wn, ne, ldgs, n, rn, fma, fused=True):
+    col, valid = _value_columns(x.shape[1], wn, ne, ldgs, str(x.device))
     stats = fast.compiled(_stats, x.device.type) if fused else _stats
     return stats(x, col, valid, wn, n, rn, tuple(sorted(fma)))
+
+
+def _triton_stats(x, wn, ne, ldgs, n, rn, fma):
+    mw, m2w = te_layernorm_triton.warp_stats(x, wn, ne, ldgs, rn, "m2" in fma)
+    return (mw[:, 0], m2w[:, 0]) if wn == 1 else _chan_merge(mw, m2w, float(n))
+
+
+_triton_or_compiled = fast.first_working(_triton_stats, _gathered_stats)
 
 
 def _stats(x, col, valid, wn: int, n: int, rn: float, fma) -> tuple[torch.Tensor, torch.Tensor]:

@@ -312,3 +312,23 @@ def test_quantize_with_the_cuda_amax_reads_no_tensor_on_the_host(case, monkeypat
     assert not syncs, f"{case}: {len(syncs)} host reads of a tensor"
     for w, g in zip(want, copies):
         assert torch.equal(w.data, g.data) and torch.equal(w.scale_inv, g.scale_inv), case
+
+
+def test_a_kernel_that_fails_to_build_falls_back_once_with_a_warning():
+    """fast.first_working: the Triton kernels (LayerNorm statistics, block amaxes) fall back to the
+    compiled PyTorch function from their first failure on, with one warning, same numbers."""
+    calls = []
+
+    def kernel(x):
+        calls.append("kernel")
+        raise RuntimeError("no such layout")
+
+    def fallback(x):
+        calls.append("fallback")
+        return x + 1
+
+    run = fast.first_working(kernel, fallback)
+    with pytest.warns(UserWarning, match="no such layout"):
+        assert run(1) == 2
+    assert run(2) == 3
+    assert calls == ["kernel", "fallback", "fallback"]

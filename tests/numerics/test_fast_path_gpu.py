@@ -208,3 +208,24 @@ def test_cuda_amax_is_the_cpu_amax_without_a_sync():
             finally:
                 torch.cuda.set_sync_debug_mode(0)
             _same(want, got, f"amax {xx.dtype} dim={dim}")
+
+
+def test_block_amax_kernel_is_the_reference_on_cuda():
+    """harness.numerics.triton_amax on CUDA: the block amaxes of every block recipe's shapes equal the
+    CPU reference's at atol=0 (NaN ignored, Inf kept), bf16 and fp32 inputs."""
+    from harness.numerics import scaling, triton_amax
+    from harness.numerics.qtensor import block_view, pad2d
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(4096, 2048, 1, 16), (4096, 2048, 16, 1), (2048, 8192, 16, 16), (1000, 1536, 1, 128)]
+    shapes += [(1024, 1024, 128, 128), (4096, 2048, 32, 1), (4096, 2048, 1, 32)]
+    for dtype in (torch.bfloat16, torch.float32):
+        for m, k, br, bc in shapes:
+            x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+            x[3, 5], x[7, 9] = float("nan"), float("inf")
+            blocks = block_view(pad2d(x, br, bc), br, bc)
+            ref, _ = scaling.amax(blocks, dim=(1, 3))
+            xc = blocks.cuda()
+            assert triton_amax.handles(xc, (1, 3))
+            got = triton_amax.block_amax(xc).float().cpu()
+            assert torch.equal(got, ref), (dtype, m, k, br, bc)
