@@ -151,8 +151,11 @@ class Attention(nn.Module):
         # rows per query group [its H/G queries, key, value], as Megatron and TE (interleaved) lay them
         # out; with G == H this is [q k v] per head, the same views (and strides) as plain MHA
         qkv = self.qkv(x).view(B, T, G, H // G + 2, D)
-        q = qkv[:, :, :, : H // G].reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k, v = qkv[:, :, :, H // G].transpose(1, 2), qkv[:, :, :, H // G + 1].transpose(1, 2)  # (B, G, T, D)
+        # one split, not three index ops: its backward is one concatenation where three selects
+        # would each fill a zero tensor of qkv's size and add them up
+        q, k, v = qkv.split([H // G, 1, 1], dim=3)
+        q = q.reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k, v = k.squeeze(3).transpose(1, 2), v.squeeze(3).transpose(1, 2)  # (B, G, T, D)
         if self.q_norm is not None:  # in fp32 from the bf16 values, the output rounded (TE's RMSNorm)
             q, k = self.q_norm(q.float()).to(q.dtype), self.k_norm(k.float()).to(k.dtype)
         if rope is not None:
