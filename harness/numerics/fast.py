@@ -94,7 +94,7 @@ def mm_bf16(
     (computed as an fp64 product rounded to fp32, which keeps the compiler from fusing it with the
     bias add into one FMA), + bias in fp32, round to bf16. `fp32_storage`: the bf16 values in an
     fp32 tensor (QuantizedLinear's fp32_output)."""
-    if not (a.is_cuda and a.dtype == BF16 and b.dtype == BF16):
+    if not (a.is_cuda and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16):
         y = mm(a, b, alpha, bias).to(BF16)
         return y.float() if fp32_storage else y
     fn = compiled(_epilogue(alpha is not None, bias is not None, fp32_storage), "cuda", True)
