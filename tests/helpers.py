@@ -76,3 +76,43 @@ GPU_TINY = [
     "log_interval=10",
     "checkpoint_interval=-1",
 ]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (a test process group's master port)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_cases(
+    rank: int, world: int, port: int, cases: list, report: str, kinds: dict, backend: str
+) -> None:
+    """A spawned rank of a test process group: joins it (torchrun's variables, `backend`), runs each
+    case (name, kind, overrides, run dir) as `kinds[kind](overrides, run_dir)` with a barrier after
+    each, and writes {name: result} to `report.<rank>`; a case that raises records its traceback and
+    the next one still runs."""
+    import datetime
+    import json
+    import traceback
+
+    env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "MASTER_PORT": port}
+    os.environ.update({k: str(v) for k, v in env.items()}, MASTER_ADDR="127.0.0.1")
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        kwargs["device_id"] = torch.device("cuda", rank)
+    torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=120), **kwargs)
+    results = {}
+    try:
+        for name, kind, overrides, run_dir in cases:
+            try:
+                results[name] = kinds[kind](overrides, Path(run_dir))
+            except Exception:  # noqa: BLE001 - reported to the test; the next case goes on
+                results[name] = {"error": traceback.format_exc()[-3000:]}
+            torch.distributed.barrier()
+    finally:
+        Path(f"{report}.{rank}").write_text(json.dumps(results))
+        torch.distributed.destroy_process_group()

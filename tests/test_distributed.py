@@ -23,15 +23,13 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
 
 from harness.config import load
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, free_port, run_cli, serve_cases
 
 pytestmark = pytest.mark.slow
 
@@ -58,12 +56,6 @@ REL = 1e-5
 DELAYED_REL = 1e-4
 """Measured 1.8e-5 after 2 steps (gpt_tiny, lr warm-up); FP8 rounding boundaries amplify last-bit
 differences of the gradient, so the bound is 5x the measurement, not derived from the bits."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -93,27 +85,7 @@ def _single(tmp: Path, name: str, overrides: list[str]) -> Path:
 
 
 def _worker(rank: int, world: int, port: int, cases: list, report: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    import datetime
-
-    torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    results = {}
-    try:
-        for name, kind, overrides, run_dir in cases:
-            try:
-                results[name] = CASES[kind](overrides, Path(run_dir))
-            except Exception:  # noqa: BLE001 - reported to the test, the next case goes on
-                results[name] = {"error": traceback.format_exc()}
-            torch.distributed.barrier()
-    finally:
-        Path(f"{report}.{rank}").write_text(json.dumps(results))
-        torch.distributed.destroy_process_group()
+    serve_cases(rank, world, port, cases, report, CASES, "gloo")
 
 
 def _case_run(overrides, run_dir):
@@ -171,7 +143,7 @@ def _spawn(world: int, cases: list, tmp: Path) -> dict:
     # deadlock in the child; spawn would import everything again in each worker)
     multiprocessing.set_forkserver_preload([__name__])
     ctx = torch.multiprocessing.start_processes(
-        _worker, args=(world, _free_port(), cases, report), nprocs=world, join=True, start_method="forkserver"
+        _worker, args=(world, free_port(), cases, report), nprocs=world, join=True, start_method="forkserver"
     )
     assert ctx is None or ctx.join()
     results = [json.loads(Path(f"{report}.{r}").read_text()) for r in range(world)]
@@ -344,7 +316,7 @@ def test_a_failing_rank_ends_the_job_failed_and_named(tmp_path):
         "--nproc_per_node",
         "2",
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
         "-m",
         "harness.train",
         *BASE,

@@ -12,18 +12,15 @@ reduction group, histories equal on both ranks). On 2 GPUs and more (also marked
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import json
-import os
-import socket
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
 
 from harness.config import load
+from tests.helpers import free_port, serve_cases
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,39 +58,14 @@ FSDP = [
 REL = 2e-3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _curve(run_dir: Path) -> list[float]:
     rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r["loss/train"] for r in rows if r.get("loss/train") is not None]
 
 
 def _worker(rank, world, port, cases, report, backend="nccl"):
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    kwargs = {"device_id": torch.device("cuda", rank)} if backend == "nccl" else {}
-    torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=120), **kwargs)
-    results = {}
-    try:
-        for name, kind, overrides, run_dir in cases:
-            try:
-                results[name] = KINDS[kind](overrides, Path(run_dir))
-            except Exception:  # noqa: BLE001 - the next case still runs; the test reports this one
-                results[name] = {"error": traceback.format_exc()[-3000:]}
-            torch.distributed.barrier()
-    finally:
-        Path(f"{report}.{rank}").write_text(json.dumps(results))
-        torch.distributed.destroy_process_group()
+    torch.cuda.set_device(rank % torch.cuda.device_count())  # gloo cases too: the models live on GPUs
+    serve_cases(rank, world, port, cases, report, KINDS, backend)
 
 
 def _run(overrides, run_dir):
@@ -172,7 +144,7 @@ def test_two_ranks_share_one_gpu_over_gloo(tmp_path):
         ("local", "histories", [*gloo, "parallel.tp_only_amax_red=true"], str(tmp_path / "l")),
     ]
     report = str(tmp_path / "report")
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), cases, report, "gloo"), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_worker, args=(2, free_port(), cases, report, "gloo"), nprocs=2, join=True)
     results = [json.loads(Path(f"{report}.{r}").read_text()) for r in range(2)]
     a, b = (_ok(r, "hist")["steps"] for r in results)
     assert a == b
@@ -200,7 +172,7 @@ def two_gpus(tmp_path_factory):
     cases.append(("fp8-ddp-zero", "fp8_params", [*dist_opt, *fp8], str(tmp / "f2")))
     cases.append(("nofp8-fsdp2", "fp8_params", [*FSDP, "recipe=tensorwise"], str(tmp / "f3")))
     report = str(tmp / "report")
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), cases, report), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_worker, args=(2, free_port(), cases, report), nprocs=2, join=True)
     return [json.loads(Path(f"{report}.{r}").read_text()) for r in range(2)], tmp
 
 
