@@ -9,8 +9,8 @@ multiplied in fp32; fprop and dgrad outputs are rounded to bf16 as `bf16_linear`
 output too unless `wgrad_fp32` (Megatron's fp32 main grads: TE's fused wgrad accumulation writes the
 GEMM's fp32 result into `main_grad`; numerics.md section 1). With fp8_wgrad=False the wgrad GEMM
 takes the bf16 operands instead. The weight's two copies are
-cached while bf16(W) is unchanged: TE (driven by Megatron's is_first_microbatch) quantizes W
-once per optimizer step, not once per micro-batch.
+cached until the next optimizer step (or an in-place write to W): TE (driven by Megatron's
+is_first_microbatch) quantizes W once per optimizer step, not once per micro-batch.
 
 `fast_gemm` (the default on CUDA) runs the three GEMMs on each copy's `gemm_operand()` instead:
 bf16 tensor-core GEMMs on values exact in bf16, with the scales that are not folded into the
