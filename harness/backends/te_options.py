@@ -146,6 +146,12 @@ def option_warnings(r: RecipeConfig, m: ModelConfig, b: BackendConfig, te: bool)
     out = []
     if r.fp8_dpa_recipe is not None and not r.fp8_dpa:
         out.append(f"recipe.fp8_dpa_recipe={r.fp8_dpa_recipe} has no effect without recipe.fp8_dpa=true")
+    if r.fp8_dpa and te:
+        out.append(
+            "recipe.fp8_dpa=true: TE's FP8 attention left the BF16 loss band in lowp's 300-step check on "
+            "the 8B slice (tensorwise_fp8attn +0.21 nats after a spike; benchmarks/RESULTS.md); "
+            "compare it with a BF16 baseline of your own before relying on it"
+        )
     if b.packed_qkv_grad and not te:
         out.append("backend.packed_qkv_grad=true has no effect on a backend other than te")
     elif b.packed_qkv_grad and not packed_qkv_path(m):

@@ -189,3 +189,12 @@ def test_fp8_lm_head_is_never_folded_into_another_recipe():
 def test_fp8_lm_head_rules(overrides, words):
     msg = error_of(*H200_TE, "recipe=tensorwise_fp8head", *overrides)
     assert "recipe=tensorwise_fp8head (recipe.fp8_lm_head=true)" in msg and words in msg, msg
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise_fp8attn", "delayed_fp8attn", "tensorwise_fp8attn_fp8head"])
+def test_fp8_attention_warns_of_its_measured_loss_check(recipe):
+    """FP8 attention failed lowp's 300-step loss check on the 8B slice (RESULTS.md): every run that
+    turns it on is told so in one line, with where the measurement is."""
+    (msg,) = [w for w in warnings_of(*H200_TE, f"recipe={recipe}") if "fp8_dpa" in w]
+    assert "left the BF16 loss band" in msg and "benchmarks/RESULTS.md" in msg
+    assert not [w for w in warnings_of(*H200_TE, "recipe=tensorwise") if "fp8_dpa" in w]
