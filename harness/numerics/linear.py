@@ -130,13 +130,45 @@ def _deq2d(q, rows: int) -> torch.Tensor:
     return q.dequantize().reshape(rows, -1).float()
 
 
+def _input_2d(x: torch.Tensor, mod: QuantizedLinear) -> torch.Tensor:
+    """(M, K): TE quantizes the bf16 activation, or the fp32 one where the cast is fused."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2.float() if mod.fused_input_cast else x2.to(BF16)
+
+
+def _remember(ctx, mod: QuantizedLinear, x, weight, bias) -> None:
+    ctx.mod, ctx.x_dtype, ctx.x_shape = mod, x.dtype, x.shape
+    ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype if bias is not None else None
+    ctx.first = mod.context.claim_first()
+
+
+def _quantized_grad(ctx, dy: torch.Tensor):
+    """(dy (M, N) as TE quantizes it, its rowwise copy, its columnwise copy or None, fp8 wgrad?)."""
+    mod: QuantizedLinear = ctx.mod
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    dy2 = dy2.float() if mod.fused_grad_cast else dy2.to(BF16)
+    fp8_dw = ctx.needs_input_grad[1] and mod.fp8_wgrad
+    dyr, dyc = mod.quantize_grad(dy2, True, fp8_dw)
+    return dy2, dyr, dyc, fp8_dw
+
+
+def _bias_grad_and_update(ctx, dy2: torch.Tensor) -> torch.Tensor | None:
+    """dbias from the unquantized grad; the delayed-scaling backward update after the last backward
+    of this forward (TE)."""
+    db = None
+    if ctx.needs_input_grad[2] and ctx.b_dtype is not None:
+        db = dy2.float().sum(0).to(BF16).to(ctx.b_dtype)
+    if ctx.first:
+        ctx.mod.context.update_backward()
+    return db
+
+
 class _QuantizedLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, mod: QuantizedLinear):
         mod.calls += 1
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        x2 = x.reshape(-1, x.shape[-1])  # (M, K): TE quantizes the bf16 activation, or fp32 where fused
-        x2 = x2.float() if mod.fused_input_cast else x2.to(BF16)
+        x2 = _input_2d(x, mod)  # (M, K)
         xr, xc = mod.quantize_input(x2, need_dw and mod.fp8_wgrad)
         wr, wc = mod.quantize_weight(weight, need_dx)
         m = x2.shape[0]
@@ -148,9 +180,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
         # what wgrad reads: x's columnwise copy, or bf16 x when wgrad runs in high precision
         x_saved = _deq2d(xc, m) if xc is not None else x2.to(BF16)
         ctx.save_for_backward(x_saved if need_dw else None, _deq2d(wc, weight.shape[0]) if need_dx else None)
-        ctx.mod, ctx.x_dtype, ctx.x_shape = mod, x.dtype, x.shape
-        ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype if bias is not None else None
-        ctx.first = mod.context.claim_first()
+        _remember(ctx, mod, x, weight, bias)
         y = y.to(BF16).float() if mod.fp32_output else y.to(BF16)
         return y.view(*x.shape[:-1], weight.shape[0])
 
@@ -158,12 +188,9 @@ class _QuantizedLinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         mod: QuantizedLinear = ctx.mod
         x_saved, wc = ctx.saved_tensors
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        dy2 = dy.reshape(-1, dy.shape[-1])  # (M, N)
-        dy2 = dy2.float() if mod.fused_grad_cast else dy2.to(BF16)
-        fp8_dw = need_dw and mod.fp8_wgrad
-        dyr, dyc = mod.quantize_grad(dy2, True, fp8_dw)
-        dx = dw = db = None
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        dy2, dyr, dyc, fp8_dw = _quantized_grad(ctx, dy)  # (M, N)
+        dx = dw = None
         if need_dx:
             dx = (_deq2d(dyr, dy2.shape[0]) @ wc).to(BF16).to(ctx.x_dtype).view(ctx.x_shape)
         if need_dw:
@@ -171,11 +198,7 @@ class _QuantizedLinearFn(torch.autograd.Function):
             x_w = x_saved.float()
             dw = dy_w.t() @ x_w  # (N, K), fp32
             dw = (dw if mod.wgrad_fp32 else dw.to(BF16)).to(ctx.w_dtype)
-        if need_db and ctx.b_dtype is not None:
-            db = dy2.float().sum(0).to(BF16).to(ctx.b_dtype)  # dbias from the unquantized grad
-        if ctx.first:
-            mod.context.update_backward()  # after the last backward of this forward (TE)
-        return dx, dw, db, None
+        return dx, dw, _bias_grad_and_update(ctx, dy2), None
 
 
 class _FastQuantizedLinearFn(torch.autograd.Function):
@@ -185,8 +208,7 @@ class _FastQuantizedLinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, bias, mod: QuantizedLinear):
         mod.calls += 1
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        x2 = x.reshape(-1, x.shape[-1])  # (M, K)
-        x2 = x2.float() if mod.fused_input_cast else x2.to(BF16)
+        x2 = _input_2d(x, mod)  # (M, K)
         xr, xc = mod.quantize_input(x2, need_dw and mod.fp8_wgrad)
         wr, wc = mod.quantize_weight(weight, need_dx)
         m, n = x2.shape[0], weight.shape[0]
@@ -196,22 +218,17 @@ class _FastQuantizedLinearFn(torch.autograd.Function):
         xw, xws = fast.operand(xc if xc is not None else x2.to(BF16), m) if need_dw else (None, None)
         wd, wds = fast.operand(wc, n) if need_dx else (None, None)
         ctx.save_for_backward(xw, xws, wd, wds)
-        ctx.mod, ctx.x_dtype, ctx.x_shape = mod, x.dtype, x.shape
-        ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype if bias is not None else None
-        ctx.first = mod.context.claim_first()
+        _remember(ctx, mod, x, weight, bias)
         return y.view(*x.shape[:-1], n)
 
     @staticmethod
     def backward(ctx, dy):
         mod: QuantizedLinear = ctx.mod
         xw, xws, wd, wds = ctx.saved_tensors
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        dy2 = dy.reshape(-1, dy.shape[-1])  # (M, N)
-        dy2 = dy2.float() if mod.fused_grad_cast else dy2.to(BF16)
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        dy2, dyr, dyc, fp8_dw = _quantized_grad(ctx, dy)  # (M, N)
         m = dy2.shape[0]
-        fp8_dw = need_dw and mod.fp8_wgrad
-        dyr, dyc = mod.quantize_grad(dy2, True, fp8_dw)
-        dx = dw = db = None
+        dx = dw = None
         if need_dx:
             da, das = fast.operand(dyr, m)
             dx = fast.mm_bf16(da, wd, fast.alpha_of(das, wds)).to(ctx.x_dtype).view(ctx.x_shape)
@@ -219,8 +236,4 @@ class _FastQuantizedLinearFn(torch.autograd.Function):
             dwa, dws = fast.operand(dyc if fp8_dw else dy2, m)
             dw = fast.mm(dwa.t(), xw, fast.alpha_of(dws, xws))  # (N, K), fp32
             dw = (dw if mod.wgrad_fp32 else dw.to(BF16)).to(ctx.w_dtype)
-        if need_db and ctx.b_dtype is not None:
-            db = dy2.float().sum(0).to(BF16).to(ctx.b_dtype)  # dbias from the unquantized grad
-        if ctx.first:
-            mod.context.update_backward()  # after the last backward of this forward (TE)
-        return dx, dw, db, None
+        return dx, dw, _bias_grad_and_update(ctx, dy2), None
