@@ -160,10 +160,12 @@ def compiled(fn, device_type: str, dynamic: bool | None = None):
     return _compiled(fn, device_type, dynamic)
 
 
-def first_working(kernel, fallback):
-    """kernel(*args), or fallback(*args) from the first failure on (a Triton kernel that this
-    triton or GPU cannot build), with one warning; the two compute the same numbers."""
+def first_working(kernel, fallback, device_type: str = "cuda", failure: str = "failed", instead: str = ""):
+    """kernel(*args), or fallback(*args) from kernel's first failure on, with one warning; the two
+    compute the same numbers (a Triton kernel that this triton or GPU cannot build; a function that
+    torch.compile cannot compile, whose fallback is the eager function)."""
     failed: list[str] = []
+    instead = instead or f"using {fallback.__name__} (same numbers)"
 
     @functools.wraps(kernel)
     def run(*args):
@@ -171,18 +173,21 @@ def first_working(kernel, fallback):
             try:
                 return kernel(*args)
             except Exception as e:  # noqa: BLE001 - a kernel build failure must not stop a run
-                failed.append(f"{type(e).__name__}: {str(e)[:200]}")
-                _warn_once(kernel, "cuda", f"failed ({failed[0]}); using {fallback.__name__}")
+                failed.append(f"{failure} ({type(e).__name__}: {str(e)[:200]})")
+                _warn_once(kernel, device_type, failed[0], instead)
         return fallback(*args)
 
     return run
 
 
-def _warn_once(fn, device_type: str, why: str) -> None:
+EAGER = "running it eagerly (same numbers, slower)"
+
+
+def _warn_once(fn, device_type: str, why: str, instead: str = EAGER) -> None:
     key = f"{fn.__name__}:{device_type}"
     if key not in _WARNED:
         _WARNED.add(key)
-        warnings.warn(f"{fn.__name__}: {why}; running it eagerly (same numbers, slower)", stacklevel=3)
+        warnings.warn(f"{fn.__name__}: {why}; {instead}", stacklevel=3)
 
 
 RECOMPILE_LIMIT = 64  # formats x orientations x shapes of a run: more variants than dynamo's default 8
@@ -198,20 +203,13 @@ def _limit_patch():
 @functools.cache
 def _compiled(fn, device_type: str, dynamic: bool | None = None):
     inner = torch.compile(fn, fullgraph=True, dynamic=dynamic)
-    failed: list[str] = []
 
     @functools.wraps(fn)
-    def run(*args):
-        if not failed:
-            try:
-                with _limit_patch():  # scoped to these calls: the user's compiled code keeps its own
-                    return inner(*args)
-            except Exception as e:  # noqa: BLE001 - a compiler failure must not stop a run
-                failed.append(f"torch.compile failed ({type(e).__name__}: {str(e)[:200]})")
-                _warn_once(fn, device_type, failed[0])
-        return fn(*args)
+    def compiled_fn(*args):
+        with _limit_patch():  # scoped to these calls: the user's compiled code keeps its own
+            return inner(*args)
 
-    return run
+    return first_working(compiled_fn, fn, device_type, "torch.compile failed", EAGER)
 
 
 # ----------------------------------------------------------------------------------------------
