@@ -43,8 +43,26 @@ if triton is not None:
         return tl.split(tl.reshape(t, [t.shape[0], t.shape[1], t.shape[2] // 2, 2]))
 
     @triton.jit
-    def add_in_order(acc, t, NE: tl.constexpr):
-        # acc + t[..., 0] + t[..., 1] + ... + t[..., NE - 1], one rounding after each add, NE = 4 or 8
+    def fma64(d, acc):
+        # fp32(fp64(d) * fp64(d) + fp64(acc)): the reference's emulated FMA (the product is exact)
+        d64 = d.to(tl.float64)
+        return (d64 * d64 + acc.to(tl.float64)).to(tl.float32)
+
+    @triton.jit
+    def step(acc, x, SQUARE: tl.constexpr, FMA: tl.constexpr):
+        # one value into the lane's accumulator: acc + x, or x * x + acc (fused as the reference)
+        if SQUARE:
+            if FMA:
+                out = fma64(x, acc)
+            else:
+                out = x * x + acc
+        else:
+            out = acc + x
+        return out
+
+    @triton.jit
+    def in_order(acc, t, NE: tl.constexpr, SQUARE: tl.constexpr, FMA: tl.constexpr):
+        # `step` for t[..., 0], t[..., 1], ..., t[..., NE - 1] in that order, NE = 4 or 8
         e, o = halves(t)  # x0 x2 x4 x6 | x1 x3 x5 x7
         if NE == 8:
             ee, eo = halves(e)  # x0 x4 | x2 x6
@@ -53,71 +71,21 @@ if triton is not None:
             x2, x6 = tl.split(eo)
             x1, x5 = tl.split(oe)
             x3, x7 = tl.split(oo)
-            acc = acc + x0
-            acc = acc + x1
-            acc = acc + x2
-            acc = acc + x3
-            acc = acc + x4
-            acc = acc + x5
-            acc = acc + x6
-            acc = acc + x7
+            acc = step(acc, x0, SQUARE, FMA)
+            acc = step(acc, x1, SQUARE, FMA)
+            acc = step(acc, x2, SQUARE, FMA)
+            acc = step(acc, x3, SQUARE, FMA)
+            acc = step(acc, x4, SQUARE, FMA)
+            acc = step(acc, x5, SQUARE, FMA)
+            acc = step(acc, x6, SQUARE, FMA)
+            acc = step(acc, x7, SQUARE, FMA)
         else:
             x0, x2 = tl.split(e)
             x1, x3 = tl.split(o)
-            acc = acc + x0
-            acc = acc + x1
-            acc = acc + x2
-            acc = acc + x3
-        return acc
-
-    @triton.jit
-    def fma64(d, acc):
-        # fp32(fp64(d) * fp64(d) + fp64(acc)): the reference's emulated FMA (the product is exact)
-        d64 = d.to(tl.float64)
-        return (d64 * d64 + acc.to(tl.float64)).to(tl.float32)
-
-    @triton.jit
-    def fma_in_order(acc, t, NE: tl.constexpr, FMA: tl.constexpr):
-        # acc = d * d + acc for d = t[..., 0], ..., t[..., NE - 1] in order
-        e, o = halves(t)
-        if NE == 8:
-            ee, eo = halves(e)
-            oe, oo = halves(o)
-            x0, x4 = tl.split(ee)
-            x2, x6 = tl.split(eo)
-            x1, x5 = tl.split(oe)
-            x3, x7 = tl.split(oo)
-            if FMA:
-                acc = fma64(x0, acc)
-                acc = fma64(x1, acc)
-                acc = fma64(x2, acc)
-                acc = fma64(x3, acc)
-                acc = fma64(x4, acc)
-                acc = fma64(x5, acc)
-                acc = fma64(x6, acc)
-                acc = fma64(x7, acc)
-            else:
-                acc = x0 * x0 + acc
-                acc = x1 * x1 + acc
-                acc = x2 * x2 + acc
-                acc = x3 * x3 + acc
-                acc = x4 * x4 + acc
-                acc = x5 * x5 + acc
-                acc = x6 * x6 + acc
-                acc = x7 * x7 + acc
-        else:
-            x0, x2 = tl.split(e)
-            x1, x3 = tl.split(o)
-            if FMA:
-                acc = fma64(x0, acc)
-                acc = fma64(x1, acc)
-                acc = fma64(x2, acc)
-                acc = fma64(x3, acc)
-            else:
-                acc = x0 * x0 + acc
-                acc = x1 * x1 + acc
-                acc = x2 * x2 + acc
-                acc = x3 * x3 + acc
+            acc = step(acc, x0, SQUARE, FMA)
+            acc = step(acc, x1, SQUARE, FMA)
+            acc = step(acc, x2, SQUARE, FMA)
+            acc = step(acc, x3, SQUARE, FMA)
         return acc
 
     @triton.jit
@@ -160,7 +128,7 @@ if triton is not None:
             col = it * T * NE + offs
             m = rmask[:, None, None] & (col < hidden)[None, :, :]
             v = tl.load(base + col[None, :, :], mask=m, other=0.0).to(tl.float32)  # (BLOCK_R, T, NE)
-            s = add_in_order(s, v, NE)
+            s = in_order(s, v, NE, False, False)
         mean = warp_allreduce(s, BLOCK_R, WN) * rn  # (BLOCK_R, WN)
         mean_t = tl.reshape(tl.broadcast_to(mean[:, :, None], [BLOCK_R, WN, 32]), [BLOCK_R, T])
         m2 = tl.zeros([BLOCK_R, T], dtype=tl.float32)
@@ -169,7 +137,7 @@ if triton is not None:
             valid = (col < hidden)[None, :, :]
             v = tl.load(base + col[None, :, :], mask=rmask[:, None, None] & valid, other=0.0).to(tl.float32)
             d = tl.where(valid, v - mean_t[:, :, None], 0.0)
-            m2 = fma_in_order(m2, d, NE, FMA_M2)
+            m2 = in_order(m2, d, NE, True, FMA_M2)
         m2 = warp_allreduce(m2, BLOCK_R, WN)
         out = r[:, None] * WN + tl.arange(0, WN)[None, :]
         tl.store(mean_ptr + out, mean, mask=rmask[:, None])
