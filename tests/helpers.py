@@ -61,12 +61,15 @@ def run_cli(args: list[str], cwd: Path = REPO, timeout: int = 300, env: dict | N
 # GPU tests (marked `gpu`, next to their subjects): skipped without CUDA / Transformer Engine
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs TE")
-GPU_TINY = [
+GPU_TINY_MODEL = [  # the tiny model the GPU tests share, on this machine's hardware
     "model=gpt_tiny",
     "model.hidden_size=128",
     "model.ffn_hidden_size=512",
     "model.num_attention_heads=2",
     "hardware=auto",
+]
+GPU_TINY = [
+    *GPU_TINY_MODEL,
     "logger=none",
     "data=markov",
     "micro_batch_size=8",

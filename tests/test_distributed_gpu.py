@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from harness.config import load
-from tests.helpers import free_port, serve_cases
+from tests.helpers import GPU_TINY_MODEL, free_port, serve_cases
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,11 +33,7 @@ multigpu = [
 ]
 
 BASE = [
-    "model=gpt_tiny",
-    "model.hidden_size=128",
-    "model.ffn_hidden_size=512",
-    "model.num_attention_heads=2",
-    "hardware=auto",
+    *GPU_TINY_MODEL,
     "backend=te",
     "logger=none",
     "log_interval=1",
@@ -75,17 +71,19 @@ def _run(overrides, run_dir):
     return {"status": s.status, "error": s.error}
 
 
-def _histories(overrides, run_dir):
-    """Three steps; after each, this rank's delayed-scaling state (TE's fp8 metas) on the host."""
+def _trainer(overrides, run_dir):
+    """This rank's Trainer in the spawned process group."""
     from harness import distributed as D
     from harness.train import Trainer
 
     cfg = load(BASE + overrides)
-    trainer = Trainer(
-        cfg,
-        run_dir,
-        dist=D.Dist(D.launch_env(), cfg.parallel.strategy, None, torch.distributed.get_backend()),
-    )
+    dist = D.Dist(D.launch_env(), cfg.parallel.strategy, None, torch.distributed.get_backend())
+    return Trainer(cfg, run_dir, dist=dist)
+
+
+def _histories(overrides, run_dir):
+    """Three steps; after each, this rank's delayed-scaling state (TE's fp8 metas) on the host."""
+    trainer = _trainer(overrides, run_dir)
     out = []
     for step in range(3):
         trainer.train_step(step)
@@ -108,15 +106,7 @@ def _fp8_params(overrides, run_dir):
     """The parameter types FSDP2 shards (TE quantized tensors under fp8_param), then a short run."""
     from torch.distributed.tensor import DTensor
 
-    from harness import distributed as D
-    from harness.train import Trainer
-
-    cfg = load(BASE + overrides)
-    trainer = Trainer(
-        cfg,
-        run_dir,
-        dist=D.Dist(D.launch_env(), cfg.parallel.strategy, None, torch.distributed.get_backend()),
-    )
+    trainer = _trainer(overrides, run_dir)
     kinds = sorted(
         {
             type(p.to_local() if isinstance(p, DTensor) else p).__name__

@@ -11,7 +11,7 @@ import signal
 import pytest
 import torch
 
-from tests.helpers import compose_cfg
+from tests.helpers import GPU_TINY_MODEL, compose_cfg
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,11 +21,7 @@ pytestmark = [
 
 STEPS, STOP_AT = 24, 10  # SIGTERM at the start of 0-based step 10: checkpoint after 11 steps
 RUN = [
-    "model=gpt_tiny",
-    "model.hidden_size=128",
-    "model.ffn_hidden_size=512",
-    "model.num_attention_heads=2",
-    "hardware=auto",
+    *GPU_TINY_MODEL,
     "backend=te",
     "logger=none",
     "data=markov",
