@@ -16,6 +16,15 @@ import torch
 
 FLT_MAX = torch.finfo(torch.float32).max
 
+# |x| as integers: the bit patterns of non-negative floats order like their values (NaN above Inf),
+# and integer max-reductions over short inner blocks are several times faster than float ones.
+# dtype -> (integer view, |x| mask, Inf's pattern)
+ABS_BITS = {
+    torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80),
+    torch.float16: (torch.int16, 0x7FFF, 0x7C00),
+    torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000),
+}
+
 
 @dataclass(frozen=True)
 class FP8Format:

@@ -12,7 +12,7 @@ import functools
 import torch
 
 from harness.numerics import fast, triton_amax
-from harness.numerics.formats import E4M3, E5M2, FLT_MAX, FP8Format
+from harness.numerics.formats import ABS_BITS, E4M3, E5M2, FLT_MAX, FP8Format
 
 ROLES = ("input", "weight", "grad")
 
@@ -41,15 +41,6 @@ def _const(value: float, device: torch.device) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32, device=device)
 
 
-# |x| as integers: the bit patterns of non-negative floats order like their values (NaN above Inf),
-# and integer max-reductions over short inner blocks are several times faster than float ones
-_ABS_BITS = {
-    torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80),
-    torch.float16: (torch.int16, 0x7FFF, 0x7C00),
-    torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000),
-}
-
-
 def amax(x: torch.Tensor, dim=None) -> tuple[torch.Tensor, bool]:
     """max|x| as fp32, NaN ignored (TE's fmaxf from 0), and whether x held a NaN.
 
@@ -57,7 +48,7 @@ def amax(x: torch.Tensor, dim=None) -> tuple[torch.Tensor, bool]:
     `amax_nosync`); has_nan is then True ("may hold a NaN"), which every consumer treats exactly as
     it treats a tensor without NaN: the NaN-safe branches are no-ops on NaN-free values.
     """
-    spec = _ABS_BITS.get(x.dtype)
+    spec = ABS_BITS.get(x.dtype)
     if x.is_cuda and spec is not None:
         return amax_nosync(x, dim), True
     if dim is None or spec is None:
@@ -94,7 +85,7 @@ _block_amax_or_compiled = fast.first_working(_triton_block_amax, _compiled_amax)
 
 @functools.cache
 def _amax_bits(dtype: torch.dtype, dim):
-    itype, mask, inf = _ABS_BITS[dtype]
+    itype, mask, inf = ABS_BITS[dtype]
 
     def amax_bits(x):
         bits = x.view(itype) & mask  # |x| bit patterns

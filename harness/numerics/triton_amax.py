@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from harness.numerics.formats import ABS_BITS
+
 try:  # optional: only the CUDA fast path needs it
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - exercised where triton is absent (CI's CPU machine)
     triton = None
 
-_BITS = {  # dtype -> (integer view, |x| mask, Inf's pattern)
-    torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80),
-    torch.float16: (torch.int16, 0x7FFF, 0x7C00),
-    torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000),
-}
 ROWS, COLS = 64, 128  # input elements a program reads: about this many rows and columns
 
 
@@ -63,7 +60,7 @@ if triton is not None:
 def handles(blocks: torch.Tensor, dim) -> bool:
     """Whether `block_amax` covers this call: a contiguous (Mr, br, Kc, bc) view reduced over
     (1, 3), power-of-two block sides, a float dtype with a bit pattern spec."""
-    if triton is None or dim != (1, 3) or blocks.dim() != 4 or blocks.dtype not in _BITS:
+    if triton is None or dim != (1, 3) or blocks.dim() != 4 or blocks.dtype not in ABS_BITS:
         return False
     br, bc = blocks.shape[1], blocks.shape[3]
     pow2 = br & (br - 1) == 0 and bc & (bc - 1) == 0
@@ -73,7 +70,7 @@ def handles(blocks: torch.Tensor, dim) -> bool:
 def block_amax(blocks: torch.Tensor) -> torch.Tensor:
     """max |x| over dims (1, 3) of a (Mr, br, Kc, bc) block view, NaN ignored: (Mr, Kc) in x's dtype."""
     mr, br, kc, bc = blocks.shape
-    itype, mask, inf = _BITS[blocks.dtype]
+    itype, mask, inf = ABS_BITS[blocks.dtype]
     x2 = blocks.view(mr * br, kc * bc).view(itype)
     out = torch.empty(mr, kc, dtype=itype, device=blocks.device)
     om, ok = max(1, ROWS // br), max(1, COLS // bc)
