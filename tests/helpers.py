@@ -119,3 +119,15 @@ def serve_cases(
     finally:
         Path(f"{report}.{rank}").write_text(json.dumps(results))
         torch.distributed.destroy_process_group()
+
+
+def in_triton_interpreter(code: str) -> None:
+    """Run `code` in a fresh Python with TRITON_INTERPRET=1 (Triton's CPU interpreter; triton reads
+    the variable when it builds a kernel's definition, at import: hence a new process); skip without
+    triton, fail with the child's traceback."""
+    import subprocess
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]

@@ -4,16 +4,13 @@ the H200 (benchmarks/fidelity/layernorm_probe.py, tests/test_gpu.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from harness.numerics.te_layernorm import TUNED_BF16, kernel_layout, te_layer_norm, te_rsigma
+from tests.helpers import in_triton_interpreter
 
 f32 = np.float32
 
@@ -161,13 +158,9 @@ def test_triton_statistics_are_the_reference_in_triton_s_interpreter():
     per-warp (mean, M2) equal the reference's to the bit, with and without the M2 FMA, for one
     warp, four warps, and the general kernel with loads past the row. Needs triton (a GPU extra);
     the same check runs compiled on CUDA in test_fast_path_gpu.py."""
-    pytest.importorskip("triton")
     shapes = [(2048, 8), (4096, 4), (768, 8), (1000, 5), (128, 3)]
     code = "from tests.numerics.test_te_layernorm import _triton_matches_reference as f\n"
-    code += "".join(f"f({h}, {r})\n" for h, r in shapes)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    in_triton_interpreter(code + "".join(f"f({h}, {r})\n" for h, r in shapes))
 
 
 def test_te_order_norm_backward_is_layer_norm_s_on_the_forward_statistics():

@@ -5,12 +5,9 @@ import: hence a fresh process."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-import pytest
 import torch
+
+from tests.helpers import in_triton_interpreter
 
 SHAPES = [  # (M, K, block rows, block cols): NVFP4 1x16 / 16x1 / 16x16, blockwise 1x128 / 128x128, MXFP8
     (64, 256, 1, 16),
@@ -40,11 +37,7 @@ def _matches_reference() -> None:
 
 
 def test_block_amax_kernel_is_the_reference_in_triton_s_interpreter():
-    pytest.importorskip("triton")
-    code = "from tests.numerics.test_triton_amax import _matches_reference as f\nf()\n"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    in_triton_interpreter("from tests.numerics.test_triton_amax import _matches_reference as f\nf()\n")
 
 
 def test_only_contiguous_power_of_two_block_views_are_handled():
