@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.numerics import fast
+from harness.numerics import fast, triton_cast
 from harness.numerics.formats import FP8Format, cast_fp8, e8m0_decode, e8m0_encode, e8m0_quant_scale
 from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, round_up
 from harness.numerics.scaling import amax, const
@@ -20,8 +20,9 @@ BLOCK = 32
 class MXFP8Quantized(BlockQuantized):
     """MXFP8Tensor: uint8 FP8 data (M, K) for both copies, uint8 E8M0 scales in TE's padded layout."""
 
-    def __init__(self, elems, e8m0, block, shape, columnwise, has_nan, fmt):
-        super().__init__(elems, e8m0_decode(e8m0), block, shape, columnwise, has_nan)
+    def __init__(self, elems, e8m0, block, shape, columnwise, has_nan, fmt, dec=None):
+        dec = e8m0_decode(e8m0) if dec is None else dec
+        super().__init__(elems, dec, block, shape, columnwise, has_nan)
         self.e8m0, self.fmt = e8m0, fmt
 
     @property
@@ -52,8 +53,32 @@ def quantize_mxfp8(
     x: torch.Tensor, fmt: FP8Format, *, columnwise: bool = False, fused: bool = False
 ) -> MXFP8Quantized:
     """One MXFP8 copy: 1x32 blocks along rows, or 32x1 along columns when columnwise.
-    `fused`: the cast and the GEMM operand in one pass (harness.numerics.fast; same codes)."""
+    `fused`: the cast and the GEMM operand in one pass (on CUDA one Triton kernel for the whole
+    quantization, harness.numerics.triton_cast; same codes)."""
     x2 = as_2d(x)
+    br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
+    if fused and x2.is_cuda and triton_cast.handles(x2, br, bc):
+        return _one_kernel(x2, fmt, x.shape, columnwise)
+    return _quantize(x2, fmt, x.shape, columnwise, fused)
+
+
+def one_kernel(x2: torch.Tensor, fmt: FP8Format, shape, columnwise: bool) -> MXFP8Quantized:
+    """The whole quantization in one Triton kernel (harness.numerics.triton_cast)."""
+    br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
+    codes, e, dec, deq16 = triton_cast.mxfp8(x2, br, bc, fmt)
+    out = MXFP8Quantized(codes, e, (br, bc), shape, columnwise, True, fmt, dec)
+    out._gop = (deq16.reshape(shape), None)
+    return out
+
+
+def _stages(x2: torch.Tensor, fmt: FP8Format, shape, columnwise: bool) -> MXFP8Quantized:
+    return _quantize(x2, fmt, shape, columnwise, True)
+
+
+_one_kernel = fast.first_working(one_kernel, _stages)
+
+
+def _quantize(x2: torch.Tensor, fmt: FP8Format, shape, columnwise: bool, fused: bool) -> MXFP8Quantized:
     br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
     xp = pad2d(x2, br, bc)  # (Mp, Kp); TE itself requires both dims divisible by 32
     blocks = block_view(xp, br, bc)  # (Mr, br, Kc, bc)
@@ -61,10 +86,10 @@ def quantize_mxfp8(
     e = e8m0_encode(block_amax * const(1.0 / fmt.max, block_amax))  # multiply by fl32(1/fp8max)
     if fused:
         q, deq16 = fast.cast_blocks(blocks, e8m0_quant_scale(e), e8m0_decode(e), fmt)
-        out = MXFP8Quantized(q.view(xp.shape), e, (br, bc), x.shape, columnwise, has_nan, fmt)
-        out._gop = (deq16.view(xp.shape)[: out.m, : out.k].reshape(x.shape), None)
+        out = MXFP8Quantized(q.view(xp.shape), e, (br, bc), shape, columnwise, has_nan, fmt)
+        out._gop = (deq16.view(xp.shape)[: out.m, : out.k].reshape(shape), None)
         return out
     v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
     v = v.mul_(e8m0_quant_scale(e)[:, None, :, None])
     q = cast_fp8(v, fmt, inplace=True).view(xp.shape)
-    return MXFP8Quantized(q, e, (br, bc), x.shape, columnwise, has_nan, fmt)
+    return MXFP8Quantized(q, e, (br, bc), shape, columnwise, has_nan, fmt)

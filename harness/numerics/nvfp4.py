@@ -13,10 +13,10 @@ import functools
 
 import torch
 
-from harness.numerics import fast
+from harness.numerics import fast, triton_cast
 from harness.numerics.formats import E4M3, FLT_MAX, cast_fp8, e2m1_encode, e2m1_round, pack_fp4
 from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, round_up
-from harness.numerics.scaling import amax, const
+from harness.numerics.scaling import amax, amax_nosync, const
 
 BLOCK = 16
 GLOBAL_MAX = 448.0 * 6.0  # E4M3 max x E2M1 max
@@ -109,15 +109,66 @@ def quantize_nvfp4(
     fused: bool = False,
 ) -> NVFP4Quantized:
     """One NVFP4 copy. `rht` applies to the columnwise copy only (as TE); x should be bf16 then.
-    `fused`: the element cast and the GEMM operand in one pass (harness.numerics.fast; same codes).
+    `fused`: the element cast and the GEMM operand in one pass (on CUDA the scales, the cast and
+    the operand in one Triton kernel after the amax, harness.numerics.triton_cast; same codes).
     A CPU's stochastic rounding keeps the reference's own draws (formats.add_uniform_)."""
     x2 = as_2d(x)
     use_rht = rht and columnwise and not tile_2d
-    src = rht_tokens(x2.to(torch.bfloat16)) if use_rht else x2  # (Mp|M, K)
     if tile_2d:
         br, bc = BLOCK, BLOCK
     else:
         br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
+    kernels = fused and x2.is_cuda and triton_cast.handles(x2, br, bc)
+    amax_g = None
+    if use_rht and kernels:  # the transform and its amax in one Triton pass
+        src, amax_g = _rht_kernel(x2.to(torch.bfloat16))
+    else:
+        src = rht_tokens(x2.to(torch.bfloat16)) if use_rht else x2  # (Mp|M, K)
+    args = (src, (br, bc), x.shape, columnwise, use_rht, stochastic, generator)
+    if kernels:
+        return _one_kernel(*args, amax_g)
+    return _quantize(*args, fused)
+
+
+def _rht_kernel_fn(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return triton_cast.rht(x2, rht_matrix(x2.device))
+
+
+def _rht_stages(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    src = rht_tokens(x2)
+    return src, amax_nosync(src, None)
+
+
+_rht_kernel = fast.first_working(_rht_kernel_fn, _rht_stages)
+
+
+def one_kernel(src, block, shape, columnwise, use_rht, stochastic, generator, amax_g=None) -> NVFP4Quantized:
+    """The whole-tensor amax (unless given), then scales, cast and GEMM operand in one Triton
+    kernel (harness.numerics.triton_cast); stochastic rounding draws torch.rand as the CUDA
+    reference does."""
+    br, bc = block
+    if amax_g is None:  # the max of the block amaxes (from the bits: +0.0 for a zero tensor)
+        amax_g = amax_nosync(src, None, fused=src.is_cuda)
+    mp, kp = round_up(src.shape[0], br), round_up(src.shape[1], bc)
+    u = None
+    if stochastic:
+        u = torch.rand((mp // br, br, kp // bc, bc), generator=generator, device=src.device)
+    q, sf, dec, vals16 = triton_cast.nvfp4(src, br, bc, amax_g, True, u)
+    out = NVFP4Quantized(q, dec, sf, block, shape, columnwise, amax_g, use_rht)
+    post = (amax_g * const(1.0 / GLOBAL_MAX, amax_g)).reshape(1)
+    out._gop = (vals16[: out.m, : out.k].reshape(shape), post)
+    return out
+
+
+def _stages(src, block, shape, columnwise, use_rht, stochastic, generator, amax_g=None) -> NVFP4Quantized:
+    return _quantize(src, block, shape, columnwise, use_rht, stochastic, generator, True)
+
+
+_one_kernel = fast.first_working(one_kernel, _stages)
+
+
+def _quantize(src, block, shape, columnwise, use_rht, stochastic, generator, fused) -> NVFP4Quantized:
+    br, bc = block
     blocks = block_view(pad2d(src, br, bc), br, bc)  # (Mr, br, Kc, bc)
     block_amax, has_nan = amax(blocks, dim=(1, 3))  # (Mr, Kc)
     amax_g = block_amax.max()  # the whole-tensor amax (post-RHT for an RHT copy)
@@ -135,8 +186,8 @@ def quantize_nvfp4(
         v = v.mul_(k[:, None, :, None])  # fp32(x * k)
         q = e2m1_round(v, generator, stochastic, has_nan).view(blocks.shape[0] * br, -1)  # (Mp, Kp)
     dec = (sf32 * amax_g) * const(1.0 / GLOBAL_MAX, sf32)  # TE's dequantize: sf * amax / 2688
-    out = NVFP4Quantized(q, dec, sf, (br, bc), x.shape, columnwise, amax_g, use_rht)
+    out = NVFP4Quantized(q, dec, sf, (br, bc), shape, columnwise, amax_g, use_rht)
     if vals16 is not None:
         post = (amax_g * const(1.0 / GLOBAL_MAX, amax_g)).reshape(1)
-        out._gop = (vals16.view(q.shape)[: out.m, : out.k].reshape(x.shape), post)
+        out._gop = (vals16.view(q.shape)[: out.m, : out.k].reshape(shape), post)
     return out
