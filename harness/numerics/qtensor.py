@@ -98,7 +98,8 @@ class BlockQuantized(Quantized):
     """Codes in x's orientation on a grid of (br x bc) blocks, with one fp32 multiplier per block.
 
     `elems` holds the element codes, padded to whole blocks: a float8 tensor (FP8 formats) or
-    fp32 values on the E2M1 grid (FP4). `dec` (Mp/br, Kp/bc) multiplies them back.
+    fp32 values on the E2M1 grid (FP4; bf16 from the CUDA kernel, the same values). `dec`
+    (Mp/br, Kp/bc) multiplies them back.
     """
 
     def __init__(self, elems, dec, block, shape, columnwise, has_nan=False):

@@ -68,6 +68,8 @@ def amax_nosync(x: torch.Tensor, dim=None, fused: bool = True) -> torch.Tensor:
     max: exact in any order). A sync per quantized tensor drains the launch queue on a GPU."""
     if fused and x.is_cuda and triton_amax.handles(x, dim):  # block amaxes: one Triton pass
         return _block_amax_or_compiled(x, dim)
+    if fused and x.is_cuda and dim is None and triton_amax.handles_tensor(x):
+        return _tensor_amax_or_compiled(x, dim)
     return _compiled_amax(x, dim, fused)
 
 
@@ -81,6 +83,13 @@ def _triton_block_amax(x: torch.Tensor, dim) -> torch.Tensor:
 
 
 _block_amax_or_compiled = fast.first_working(_triton_block_amax, _compiled_amax)
+
+
+def _triton_tensor_amax(x: torch.Tensor, dim) -> torch.Tensor:
+    return triton_amax.tensor_amax(x).float()
+
+
+_tensor_amax_or_compiled = fast.first_working(_triton_tensor_amax, _compiled_amax)
 
 
 @functools.cache

@@ -217,7 +217,7 @@ if triton is not None:
             r = _with_sign_of(r, (tl.abs(r) + 8388608.0) - 8388608.0)  # half to even
         q = r * step
         deq = _bf16(_per_block(q, sf, BR, BC, OM, OK))
-        _store_tiles(q_ptr, q, deq_ptr, deq, rows, cols, inside, M, K, Mp, Kp)
+        _store_tiles(q_ptr, _bf16(q), deq_ptr, deq, rows, cols, inside, M, K, Mp, Kp)  # q: exact in bf16
         _store_blocks(sf_ptr, _fp8_bits(sf, tl.float8e4nv), Mp, Kp, BR, BC, OM, OK)
         _store_blocks(dec_ptr, dec, Mp, Kp, BR, BC, OM, OK)
 
@@ -283,13 +283,14 @@ def mxfp8(x2: torch.Tensor, br: int, bc: int, fmt: FP8Format):
 
 def nvfp4(x2: torch.Tensor, br: int, bc: int, amax_g: torch.Tensor, has_nan: bool, u: torch.Tensor | None):
     """NVFP4 copy of x2 (M, K) with (br x bc) blocks and the whole-tensor amax `amax_g` (a
-    one-element fp32 tensor): E2M1 grid values (Mp, Kp) in fp32, E4M3 block scales and TE's fp32
+    one-element fp32 tensor): E2M1 grid values (Mp, Kp) in bf16 (exact: half the bytes of the
+    reference's fp32), E4M3 block scales and TE's fp32
     dequantization factors (Mp/br, Kp/bc), value x block scale (M, K) in bf16. `u`: U[0, 1) per
     element of the padded (Mp, Kp) matrix for stochastic rounding, or None (to nearest even)."""
     x2 = x2.contiguous()
     (m, k, mp, kp), grid, meta = _launch(x2, br, bc)
     dev = x2.device
-    q = torch.empty(mp, kp, dtype=torch.float32, device=dev)
+    q = torch.empty(mp, kp, dtype=torch.bfloat16, device=dev)
     sf = torch.empty(mp // br, kp // bc, dtype=torch.float8_e4m3fn, device=dev)
     dec = torch.empty(mp // br, kp // bc, dtype=torch.float32, device=dev)
     deq = torch.empty(m, k, dtype=torch.bfloat16, device=dev)

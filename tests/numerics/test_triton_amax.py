@@ -34,6 +34,12 @@ def _matches_reference() -> None:
             ref, _ = scaling.amax(blocks, dim=(1, 3))
             got = triton_amax.block_amax(blocks).float()
             assert torch.equal(got, ref), (dtype, m, k, br, bc)
+            whole = triton_amax.tensor_amax(x).float()
+            assert torch.equal(whole, ref.amax()), (dtype, m, k)
+    big = torch.randn(3 * triton_amax.TENSOR_BLOCK + 5, generator=g)  # partial last program
+    big[-1] = 100.0
+    assert triton_amax.tensor_amax(big).item() == 100.0
+    assert triton_amax.tensor_amax(torch.zeros(7)).item() == 0.0
 
 
 def test_block_amax_kernel_is_the_reference_in_triton_s_interpreter():
