@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from harness.config.schema import ModelConfig
 from harness.loss import chunked_linear_cross_entropy, loss_fn
+from harness.numerics import fast
 
 
 class Ops(Protocol):
@@ -38,6 +39,45 @@ def bf16_values(x: torch.Tensor) -> torch.Tensor:
     TE's bf16 TransformerLayer holds the embeddings, the residual stream and the norm parameters in
     bf16; the emulated GPT (fp32 masters, fp32 storage for speed on CPUs) holds the same values."""
     return x.to(torch.bfloat16).float() if x.dtype == torch.float32 else x
+
+
+def residual_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """bf16_values(x + y): the residual stream's add, rounded to bf16 values (TE's bf16 add, which
+    adds in fp32 and rounds). For fp32 storage on CUDA, one fused pass forward and one backward
+    with the same values (the add and the two casts were three passes each way, twice a layer)."""
+    if x.is_cuda and x.dtype == torch.float32:
+        return _BF16Residual.apply(x, y)
+    return bf16_values(x + y)
+
+
+def _round_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x + y).to(torch.bfloat16).float()
+
+
+def _round_grad(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    g16 = g.to(torch.bfloat16)
+    return g16.float(), g16
+
+
+class _BF16Residual(torch.autograd.Function):
+    """bf16_values(x + y) with autograd's own backward values: the gradient rounded to bf16 (the
+    backward of the two casts), fp32 storage for x's, y's dtype for y's."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.y_dtype = y.dtype
+        return _fused(_round_sum, x)(x, y)
+
+    @staticmethod
+    def backward(ctx, g):
+        gx, g16 = _fused(_round_grad, g)(g)
+        return gx, (g16 if ctx.y_dtype == torch.bfloat16 else gx.to(ctx.y_dtype))
+
+
+def _fused(fn, like: torch.Tensor):
+    """fn compiled for CUDA tensors (harness.numerics.fast.compiled: eager where it cannot be);
+    eager elsewhere."""
+    return fast.compiled(fn, "cuda", True) if like.is_cuda else fn
 
 
 class LayerNorm(nn.LayerNorm):
@@ -192,8 +232,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
         # the residual stream holds bf16 values, as in TE's bf16 TransformerLayer
-        x = bf16_values(x + self.attn(self.ln1(x), rope))
-        return bf16_values(x + self.mlp(self.ln2(x)))
+        x = residual_add(x, self.attn(self.ln1(x), rope))
+        return residual_add(x, self.mlp(self.ln2(x)))
 
 
 class GPT(nn.Module):

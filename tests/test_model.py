@@ -46,3 +46,34 @@ def test_forward_shapes_and_causality():
     idx2 = idx.clone()
     idx2[:, 10:] = (idx2[:, 10:] + 1) % 256  # the future must not change the past
     torch.testing.assert_close(model(idx2)[:, :10].float(), logits[:, :10].float())
+
+
+@pytest.mark.parametrize("y_dtype", [torch.bfloat16, torch.float32])
+def test_fused_residual_add_has_the_unfused_values_and_gradients(y_dtype):
+    """The CUDA path's autograd Function (run eagerly here) against bf16_values(x + y) and autograd."""
+    from harness.model import _BF16Residual, bf16_values
+
+    g = torch.Generator().manual_seed(0)
+    x0 = bf16_values(torch.randn(64, 96, generator=g) * 3)
+    y0 = (torch.randn(64, 96, generator=g) * 1e-3).to(y_dtype)
+    grad = torch.randn(64, 96, generator=g)
+    outs = []
+    for fused in (False, True):
+        x, y = x0.clone().requires_grad_(True), y0.clone().requires_grad_(True)
+        out = _BF16Residual.apply(x, y) if fused else bf16_values(x + y)
+        out.backward(grad)
+        outs.append((out.detach(), x.grad, y.grad))
+    for a, b in zip(*outs):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "recipe, ln1_bf16, ln2_bf16",
+    [("bf16", True, True), ("mxfp8", True, True), ("delayed", False, False), ("int4_qat", True, True)],
+)
+def test_norms_hand_over_bf16_only_where_their_linear_rounds_to_bf16(recipe, ln1_bf16, ln2_bf16):
+    """TE fuses delayed scaling's qkv/fc1 input casts into the norm (from fp32): those norms keep fp32."""
+    cfg = compose_cfg("model=gpt_tiny", "backend=emulated", f"recipe={recipe}")
+    model = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
+    for block in model.blocks:
+        assert (block.ln1.bf16_output, block.ln2.bf16_output) == (ln1_bf16, ln2_bf16)

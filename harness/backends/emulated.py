@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
 from harness.backends.hooks import make_hook
-from harness.model import GPT, LayerNorm, bf16_values, norm
+from harness.model import GPT, Block, LayerNorm, bf16_values, norm
 from harness.numerics import NumericsContext, QuantizedLinear, fast
 from harness.numerics.formats import E4M3, cast_fp8
 from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm, te_rsigma
@@ -176,20 +176,20 @@ class _TEOrderLayerNorm(torch.autograd.Function):
     backward on the forward's statistics (TE's backward, too, reuses its forward's mu and rsigma)."""
 
     @staticmethod
-    def forward(ctx, x, w, b, eps, fma, fused):
+    def forward(ctx, x, w, b, eps, fma, fused, bf16_output):
         mu, rs = te_rsigma(x.reshape(-1, x.shape[-1]), eps, fma, fused)  # (rows,), (rows,)
         ctx.save_for_backward(x, w, b, mu, rs)
-        return te_layer_norm(x, w, b, eps, fma, stats=(mu, rs), fused=fused)
+        return te_layer_norm(x, w, b, eps, fma, stats=(mu, rs), fused=fused, bf16_output=bf16_output)
 
     @staticmethod
     def backward(ctx, gy):
         x, w, b, mu, rs = ctx.saved_tensors
         stat_shape = (*x.shape[:-1], 1)
         gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
-            gy.contiguous(), x, x.shape[-1:], mu.view(stat_shape), rs.view(stat_shape), w, b,
+            gy.to(x.dtype).contiguous(), x, x.shape[-1:], mu.view(stat_shape), rs.view(stat_shape), w, b,
             list(ctx.needs_input_grad[:3]),
         )  # fmt: skip
-        return gx, gw, gb, None, None, None
+        return gx, gw, gb, None, None, None, None
 
 
 class TEOrderLayerNorm(LayerNorm):
@@ -201,13 +201,22 @@ class TEOrderLayerNorm(LayerNorm):
 
     fma = FMA_SITES
     fused: bool | None = None
+    bf16_output = False  # the consumer rounds the output to bf16 anyway (set by EmulatedBackend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias is not None and te_order_norm(x):
             w, b = bf16_values(self.weight), bf16_values(self.bias)
             fused = x.is_cuda if self.fused is None else self.fused
-            return _TEOrderLayerNorm.apply(x, w, b, self.eps, self.fma, fused)
+            return _TEOrderLayerNorm.apply(x, w, b, self.eps, self.fma, fused, self.bf16_output)
         return super().forward(x)
+
+
+def rounds_input_to_bf16(linear: EmulatedLinear) -> bool:
+    """Whether this linear's GEMM reads bf16(x): BF16 and INT4 QAT, and quantized recipes that cast
+    x from bf16 (not where TE fuses the cast into the norm, from fp32: QuantizedLinear's
+    fused_input_cast). Its norm can then write bf16 storage, the same values in half the bytes."""
+    quant = linear.quant
+    return not isinstance(quant, QuantizedLinear) or not quant.fused_input_cast
 
 
 def te_order_norm(x: torch.Tensor) -> bool:
@@ -285,7 +294,14 @@ class EmulatedBackend(Backend):
 
     def build_model(self) -> nn.Module:
         self.linear_names, self.modules = [], {}  # describe() and verify_active() see this model
-        return GPT(self.spec.model, EmulatedOps(self)).to(self.device)
+        model = GPT(self.spec.model, EmulatedOps(self)).to(self.device)
+        for block in model.blocks:  # a norm whose linear rounds its input to bf16 hands over bf16
+            if not isinstance(block, Block):
+                continue
+            for ln, linear in ((block.ln1, block.attn.qkv), (block.ln2, block.mlp.fc1)):
+                if isinstance(ln, TEOrderLayerNorm) and self.fast_paths is not False:
+                    ln.bf16_output = rounds_input_to_bf16(linear)
+        return model
 
     def autocast(self) -> contextlib.AbstractContextManager:
         # bf16 rounding lives in the GEMMs themselves (bf16_linear); this context only times

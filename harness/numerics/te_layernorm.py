@@ -210,6 +210,10 @@ def _output(x2, mu, rs, weight, bias, fma) -> torch.Tensor:
     return _mul_add(g, y, b, "out", fma)
 
 
+def _output_bf16(x2, mu, rs, weight, bias, fma) -> torch.Tensor:
+    return _output(x2, mu, rs, weight, bias, fma).to(torch.bfloat16)
+
+
 @torch.no_grad()
 def te_layer_norm(
     x: torch.Tensor,
@@ -219,15 +223,18 @@ def te_layer_norm(
     fma: frozenset = FMA_SITES,
     stats: tuple[torch.Tensor, torch.Tensor] | None = None,
     fused: bool = False,
+    bf16_output: bool = False,
 ) -> torch.Tensor:
     """TE's fp32 norm output (before its bf16 or FP8 cast) for x [..., hidden] of bf16 values.
 
     ``stats``: (mu, rsigma) to use instead of computing them (the probe isolates the output step).
-    ``fused``: the statistics and the output step through torch.compile (te_layer_norm_stats)."""
+    ``fused``: the statistics and the output step through torch.compile (te_layer_norm_stats).
+    ``bf16_output``: that output's bf16 cast too, in the same pass (TE's bf16 LayerNormLinear)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()
     mu, rs = te_rsigma(x2, eps, fma, fused) if stats is None else (s.reshape(-1).float() for s in stats)
-    out = fast.compiled(_output, x.device.type) if fused else _output
+    fn = _output_bf16 if bf16_output else _output
+    out = fast.compiled(fn, x.device.type) if fused else fn
     return out(x2, mu, rs, weight, bias, tuple(sorted(fma))).reshape(shape)
 
 

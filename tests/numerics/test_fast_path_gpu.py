@@ -229,3 +229,46 @@ def test_block_amax_kernel_is_the_reference_on_cuda():
             assert triton_amax.handles(xc, (1, 3))
             got = triton_amax.block_amax(xc).float().cpu()
             assert torch.equal(got, ref), (dtype, m, k, br, bc)
+
+
+def test_fused_residual_add_is_the_unfused_one_on_cuda():
+    """model.residual_add's compiled CUDA pass against bf16_values(x + y): values and gradients."""
+    from harness.model import bf16_values, residual_add
+
+    g = torch.Generator().manual_seed(0)
+    x0 = bf16_values(torch.randn(4096, 2048, generator=g) * 3).cuda()
+    y0 = (torch.randn(4096, 2048, generator=g) * 1e-2).to(BF16).cuda()
+    grad = torch.randn(4096, 2048, generator=g).cuda()
+    outs = []
+    for fused in (False, True):
+        x, y = x0.clone().requires_grad_(True), y0.clone().requires_grad_(True)
+        out = residual_add(x, y) if fused else bf16_values(x + y)
+        out.backward(grad)
+        outs.append((out.detach(), x.grad, y.grad))
+    for a, b, what in zip(*outs, ("sum", "dx", "dy")):
+        _same(a, b, what)
+
+
+def test_norm_with_bf16_output_is_the_fp32_one_rounded_on_cuda():
+    """TEOrderLayerNorm.bf16_output (its linear rounds the input anyway): forward bits and the
+    gradients of x, weight and bias equal the fp32 output's rounded by the consumer."""
+    from harness.backends.emulated import TEOrderLayerNorm
+    from harness.model import bf16_values
+
+    g = torch.Generator().manual_seed(1)
+    x0 = bf16_values(torch.randn(2, 1024, 2048, generator=g) * 2).cuda()
+    gy = torch.randn(2, 1024, 2048, generator=g).to(BF16).cuda()
+    w0, b0 = 1 + 0.1 * torch.randn(2048, generator=g), 0.1 * torch.randn(2048, generator=g)
+    outs = []
+    for bf16_output in (False, True):
+        ln = TEOrderLayerNorm(2048, eps=1e-5).cuda()
+        with torch.no_grad():
+            ln.weight.copy_(w0), ln.bias.copy_(b0)
+        ln.bf16_output = bf16_output
+        x = x0.clone().requires_grad_(True)
+        out = ln(x)
+        out = out if bf16_output else out.to(BF16)
+        out.backward(gy)
+        outs.append((out.detach(), x.grad, ln.weight.grad, ln.bias.grad))
+    for a, b, what in zip(*outs, ("y", "dx", "dgamma", "dbeta")):
+        _same(a, b, what)
