@@ -200,9 +200,18 @@ def _limit_patch():
     return cfg.patch(**{key: RECOMPILE_LIMIT})
 
 
+def _inductor_options() -> dict:
+    """Inductor keeps eager's bf16/fp16 roundings: by default it drops a cast to bf16 followed by
+    one back to fp32 (x.to(bf16).float() compiles to x), which would skip exactly the roundings
+    these functions emulate (a residual add's bf16 result in fp32 storage, a GEMM's bf16 output)."""
+    import torch._inductor.config as inductor
+
+    return {"emulate_precision_casts": True} if hasattr(inductor, "emulate_precision_casts") else {}
+
+
 @functools.cache
 def _compiled(fn, device_type: str, dynamic: bool | None = None):
-    inner = torch.compile(fn, fullgraph=True, dynamic=dynamic)
+    inner = torch.compile(fn, fullgraph=True, dynamic=dynamic, options=_inductor_options())
 
     @functools.wraps(fn)
     def compiled_fn(*args):

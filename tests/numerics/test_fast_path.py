@@ -332,3 +332,20 @@ def test_a_kernel_that_fails_to_build_falls_back_once_with_a_warning():
         assert run(1) == 2
     assert run(2) == 3
     assert calls == ["kernel", "fallback", "fallback"]
+
+
+def test_compiled_functions_keep_eager_s_bf16_roundings():
+    """fast.compiled must not fold x.to(bf16).float() into x (Inductor's default does)."""
+    import shutil
+    import warnings
+
+    from harness.model import _round_sum
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler for Inductor's CPU kernels")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4096, generator=g), (torch.randn(4096, generator=g) * 1e-3).to(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*torch.compile failed")  # no eager fallback
+        got = fast._compiled(_round_sum, "cpu", True)(x, y)
+    assert torch.equal(got, _round_sum(x, y))
