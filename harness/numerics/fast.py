@@ -29,6 +29,8 @@ import warnings
 
 import torch
 
+from harness.numerics import triton_random
+
 BF16 = torch.bfloat16
 
 
@@ -280,7 +282,7 @@ def _e2m1_cast(has_nan: bool, stochastic: bool):
 
 def cast_e2m1(blocks, k, sf32, has_nan: bool, generator=None, stochastic: bool = False):
     """Fused NVFP4 element cast: (grid values in blocks' shape, fp32; value x E4M3 scale in bf16).
-    Stochastic rounding draws torch.rand(blocks.shape) from `generator` as the CUDA reference does."""
-    u = torch.rand(blocks.shape, generator=generator, device=blocks.device) if stochastic else None
+    Stochastic rounding draws the CUDA reference's uniforms (harness.numerics.triton_random)."""
+    u = triton_random.uniforms(blocks.shape, generator, blocks.device) if stochastic else None
     fn = compiled(_e2m1_cast(has_nan, stochastic), blocks.device.type, True)
     return fn(blocks, k, sf32, u)

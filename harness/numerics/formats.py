@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.numerics import triton_random
+
 FLT_MAX = torch.finfo(torch.float32).max
 
 # |x| as integers: the bit patterns of non-negative floats order like their values (NaN above Inf),
@@ -179,8 +181,8 @@ def add_uniform_(t: torch.Tensor, generator: torch.Generator | None) -> torch.Te
     On a CPU torch.rand costs several pointwise ops per element; 64-bit random words split into
     four 16-bit draws are ~3x cheaper. The bias of 16-bit SR is below 2^-16 of a grid step.
     """
-    if t.device.type != "cpu":
-        return t.add_(torch.rand(t.shape, generator=generator, device=t.device))
+    if t.device.type != "cpu":  # the fused NVFP4 kernel's own draws (harness.numerics.triton_random)
+        return t.add_(triton_random.uniforms(t.shape, generator, t.device))
     n = t.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1, generator=generator)
     draws = words.view(torch.int16)[:n].view(t.shape).float()  # uniform integers in [-32768, 32767]

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from harness.numerics import fast, triton_cast
+from harness.numerics import fast, triton_cast, triton_random
 from harness.numerics.formats import E4M3, FLT_MAX, cast_fp8, e2m1_encode, e2m1_round, pack_fp4
 from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, round_up
 from harness.numerics.scaling import amax, amax_nosync, const
@@ -144,18 +144,14 @@ _rht_kernel = fast.first_working(_rht_kernel_fn, _rht_stages)
 
 def one_kernel(src, block, shape, columnwise, use_rht, stochastic, generator, amax_g=None) -> NVFP4Quantized:
     """The whole-tensor amax (unless given), then scales, cast and GEMM operand in one Triton
-    kernel (harness.numerics.triton_cast); stochastic rounding draws torch.rand as the CUDA
-    reference does."""
+    kernel (harness.numerics.triton_cast); stochastic rounding draws the CUDA reference's uniforms
+    (harness.numerics.triton_random: one seed from `generator`, Philox in the kernel)."""
     br, bc = block
     if amax_g is None:  # the max of the block amaxes (from the bits: +0.0 for a zero tensor)
         amax_g = amax_nosync(src, None, fused=src.is_cuda)
-    mp, kp = round_up(src.shape[0], br), round_up(src.shape[1], bc)
-    u = None
-    if stochastic:
-        u = torch.rand((mp // br, br, kp // bc, bc), generator=generator, device=src.device)
-    q, sf, dec, vals16 = triton_cast.nvfp4(src, br, bc, amax_g, True, u)
+    seed = triton_random.draw_seed(generator, src.device) if stochastic else None
+    q, sf, dec, vals16, post = triton_cast.nvfp4(src, br, bc, amax_g, True, seed)
     out = NVFP4Quantized(q, dec, sf, block, shape, columnwise, amax_g, use_rht)
-    post = (amax_g * const(1.0 / GLOBAL_MAX, amax_g)).reshape(1)
     out._gop = (vals16[: out.m, : out.k].reshape(shape), post)
     return out
 

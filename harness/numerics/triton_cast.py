@@ -24,6 +24,8 @@ dequantized bf16 operand, with the reference's operations in the reference's ord
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from harness.numerics.formats import ABS_BITS, FLT_MAX, FP8Format
@@ -185,7 +187,7 @@ if triton is not None:
 
     @triton.jit
     def _nvfp4(
-        x_ptr, amax_g_ptr, u_ptr, q_ptr, sf_ptr, dec_ptr, deq_ptr, M, K, Mp, Kp,
+        x_ptr, amax_g_ptr, seed_ptr, q_ptr, sf_ptr, dec_ptr, deq_ptr, post_ptr, M, K, Mp, Kp,
         sixth, inv_global, flt_max,
         IBITS: tl.constexpr, MASK: tl.constexpr, INF: tl.constexpr,
         HAS_NAN: tl.constexpr, STOCHASTIC: tl.constexpr,
@@ -209,9 +211,8 @@ if triton is not None:
         expo = tl.maximum(_bits_f32(v) & 0x7F800000, 0x3F800000)
         step = (expo - (1 << 23)).to(tl.float32, bitcast=True)  # 2^(e-1): the grid spacing at |v|
         r = v * _inverse_pow2(step)  # == v / step
-        if STOCHASTIC:
-            padded = (rows < Mp)[:, None] & (cols < Kp)[None, :]
-            u = tl.load(u_ptr + rows.to(tl.int64)[:, None] * Kp + cols[None, :], mask=padded, other=0.0)
+        if STOCHASTIC:  # U[0, 1) of element (row, col) of the padded matrix (triton_random.from_seed)
+            u = tl.rand(tl.load(seed_ptr), rows.to(tl.int64)[:, None] * Kp + cols[None, :])
             r = _floor(r + u)
         else:
             r = _with_sign_of(r, (tl.abs(r) + 8388608.0) - 8388608.0)  # half to even
@@ -220,6 +221,8 @@ if triton is not None:
         _store_tiles(q_ptr, _bf16(q), deq_ptr, deq, rows, cols, inside, M, K, Mp, Kp)  # q: exact in bf16
         _store_blocks(sf_ptr, _fp8_bits(sf, tl.float8e4nv), Mp, Kp, BR, BC, OM, OK)
         _store_blocks(dec_ptr, dec, Mp, Kp, BR, BC, OM, OK)
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            tl.store(post_ptr, amax_g * inv_global)  # the GEMM's alpha factor: amax / 2688
 
     @triton.jit
     def _rht(x_ptr, m_ptr, y_ptr, amax_ptr, M, K, BK: tl.constexpr):
@@ -253,14 +256,25 @@ def handles(x2: torch.Tensor, br: int, bc: int) -> bool:
 def _launch(x2: torch.Tensor, br: int, bc: int):
     m, k = x2.shape
     mp, kp = -(-m // br) * br, -(-k // bc) * bc
+    meta = _meta(x2.dtype, br, bc)
+    grid = (-(-mp // (meta["OM"] * br)), -(-kp // (meta["OK"] * bc)))
+    return (m, k, mp, kp), grid, meta
+
+
+@functools.cache
+def _meta(dtype: torch.dtype, br: int, bc: int) -> dict:
+    """The kernels' compile-time arguments for x's dtype and the block shape (built once: a
+    quantized tensor's launch is on the step's critical path on the host)."""
+    itype, mask, inf = ABS_BITS[dtype]
     om, ok = max(1, ROWS // br), max(1, COLS // bc)
-    grid = (-(-mp // (om * br)), -(-kp // (ok * bc)))
-    itype, mask, inf = ABS_BITS[x2.dtype]
     bits = {"IBITS": _TL_INT[itype], "MASK": mask, "INF": inf, "BR": br, "BC": bc, "OM": om, "OK": ok}
-    return (m, k, mp, kp), grid, {**bits, "enable_fp_fusion": False}
+    return {**bits, "enable_fp_fusion": False}
 
 
 _TL_INT = {} if triton is None else {torch.int16: tl.int16, torch.int32: tl.int32}
+
+
+_INV_MAX = {torch.float8_e4m3fn: _fl32(1.0 / 448.0), torch.float8_e5m2: _fl32(1.0 / 57344.0)}
 
 
 def mxfp8(x2: torch.Tensor, br: int, bc: int, fmt: FP8Format):
@@ -274,19 +288,20 @@ def mxfp8(x2: torch.Tensor, br: int, bc: int, fmt: FP8Format):
     e8m0 = torch.empty(mp // br, kp // bc, dtype=torch.uint8, device=dev)
     dec = torch.empty(mp // br, kp // bc, dtype=torch.float32, device=dev)
     deq = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
-    inv_max = _fl32(1.0 / fmt.max)
+    inv_max = _INV_MAX[fmt.dtype]
     code = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e5m2: tl.float8e5}[fmt.dtype]
     fmt_meta = {"FMAX": fmt.max, "MANT": mant, "EMIN": emin, "CODE": code}
     _mxfp8[grid](x2, codes.view(torch.uint8), e8m0, dec, deq, m, k, mp, kp, inv_max, **fmt_meta, **meta)
     return codes, e8m0, dec, deq
 
 
-def nvfp4(x2: torch.Tensor, br: int, bc: int, amax_g: torch.Tensor, has_nan: bool, u: torch.Tensor | None):
+def nvfp4(x2: torch.Tensor, br: int, bc: int, amax_g: torch.Tensor, has_nan: bool, seed: torch.Tensor | None):
     """NVFP4 copy of x2 (M, K) with (br x bc) blocks and the whole-tensor amax `amax_g` (a
     one-element fp32 tensor): E2M1 grid values (Mp, Kp) in bf16 (exact: half the bytes of the
-    reference's fp32), E4M3 block scales and TE's fp32
-    dequantization factors (Mp/br, Kp/bc), value x block scale (M, K) in bf16. `u`: U[0, 1) per
-    element of the padded (Mp, Kp) matrix for stochastic rounding, or None (to nearest even)."""
+    reference's fp32), E4M3 block scales and TE's fp32 dequantization factors (Mp/br, Kp/bc),
+    value x block scale (M, K) in bf16, and the GEMM's post scale amax / 2688 (one element).
+    `seed`: stochastic rounding with triton_random's uniforms from this seed, or None (to
+    nearest even)."""
     x2 = x2.contiguous()
     (m, k, mp, kp), grid, meta = _launch(x2, br, bc)
     dev = x2.device
@@ -294,14 +309,16 @@ def nvfp4(x2: torch.Tensor, br: int, bc: int, amax_g: torch.Tensor, has_nan: boo
     sf = torch.empty(mp // br, kp // bc, dtype=torch.float8_e4m3fn, device=dev)
     dec = torch.empty(mp // br, kp // bc, dtype=torch.float32, device=dev)
     deq = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
-    amax_g = amax_g.reshape(1).float()
-    consts = (_fl32(1.0 / 6.0), _fl32(1.0 / GLOBAL_MAX), FLT_MAX)
-    stochastic = u is not None
+    post = torch.empty(1, dtype=torch.float32, device=dev)
+    stochastic = seed is not None
     _nvfp4[grid](
-        x2, amax_g, u if stochastic else q, q, sf.view(torch.uint8), dec, deq, m, k, mp, kp, *consts,
-        HAS_NAN=has_nan, STOCHASTIC=stochastic, **meta,
+        x2, amax_g.reshape(1), seed if stochastic else amax_g, q, sf.view(torch.uint8), dec, deq, post,
+        m, k, mp, kp, *_NVFP4_CONSTS, HAS_NAN=has_nan, STOCHASTIC=stochastic, **meta,
     )  # fmt: skip
-    return q, sf, dec, deq
+    return q, sf, dec, deq, post
+
+
+_NVFP4_CONSTS = (_fl32(1.0 / 6.0), _fl32(1.0 / GLOBAL_MAX), FLT_MAX)
 
 
 RHT_COLS = 64  # columns per program of the RHT kernel (16 rows each)

@@ -54,7 +54,7 @@ def _mxfp8_matches_reference() -> None:
 
 
 def _nvfp4_matches_reference() -> None:
-    from harness.numerics import fast, nvfp4, triton_cast
+    from harness.numerics import fast, nvfp4, triton_cast, triton_random
     from harness.numerics.qtensor import block_view, pad2d
 
     inputs, g = _inputs()
@@ -77,8 +77,11 @@ def _nvfp4_matches_reference() -> None:
                 # stochastic rounding from the same uniforms: the fused cast's function, eagerly
                 br, bc = block
                 blocks = block_view(pad2d(src, br, bc), br, bc)
-                u = torch.rand(blocks.shape, generator=g)
-                q, _, _, vals = triton_cast.nvfp4(src, br, bc, ref.amax, True, u)
+                seed = torch.randint(0, 2**62, (1,), generator=g, dtype=torch.int64)
+                u = triton_random.from_seed(blocks.shape, seed)
+                assert 0 <= float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.05
+                q, _, _, vals, post = triton_cast.nvfp4(src, br, bc, ref.amax, True, seed)
+                _same(post, rp, what + " kernel's post scale")
                 sf32 = ref.sf.float()
                 s_dec = torch.div(torch.tensor(1.0), nvfp4.global_encode_scale(ref.amax.reshape(())))
                 k = torch.minimum(torch.div(torch.tensor(1.0), sf32 * s_dec), torch.tensor(torch.finfo().max))
