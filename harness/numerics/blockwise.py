@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.numerics import fast
+from harness.numerics import fast, triton_cast
 from harness.numerics.formats import FP8Format, cast_fp8
 from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, pad_last
 from harness.numerics.scaling import amax, dtype_max, reciprocal, scale_from_amax
@@ -69,17 +69,43 @@ def quantize_blockwise(
     fused: bool = False,
 ) -> BlockwiseQuantized:
     """One copy of a block-scaled FP8 tensor (rowwise 1x128, columnwise 128x1, or 128x128 tiles).
-    `fused`: the cast and the GEMM operand in one pass (harness.numerics.fast; same codes)."""
+    `fused`: the cast and the GEMM operand in one pass (harness.numerics.fast; on CUDA with
+    power-of-two scales the whole quantization in one Triton kernel, harness.numerics.triton_cast;
+    same codes)."""
     x2 = as_2d(x)
     if tile_2d:
         br, bc = BLOCK, BLOCK
     else:
         br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
+    if fused and power_2 and x2.is_cuda and triton_cast.handles(x2, br, bc):
+        return _one_kernel(x2, fmt, (br, bc), x.shape, columnwise, epsilon)
+    return _quantize(x2, fmt, (br, bc), x.shape, columnwise, power_2, epsilon, fused)
+
+
+def one_kernel(x2, fmt: FP8Format, block, shape, columnwise: bool, epsilon: float) -> BlockwiseQuantized:
+    """The whole quantization (power-of-two scales) in one Triton kernel (harness.numerics.triton_cast)."""
+    codes, scale, dec, block_amax, deq16 = triton_cast.blockwise(
+        x2, *block, fmt, epsilon, dtype_max(x2.dtype)
+    )
+    out = BlockwiseQuantized(codes, dec, block, shape, columnwise, True, fmt, scale, block_amax, True)
+    out._gop = (deq16.reshape(shape), None)
+    return out
+
+
+def _stages(x2, fmt, block, shape, columnwise, epsilon) -> BlockwiseQuantized:
+    return _quantize(x2, fmt, block, shape, columnwise, True, epsilon, True)
+
+
+_one_kernel = fast.first_working(one_kernel, _stages)
+
+
+def _quantize(x2, fmt, block, shape, columnwise, power_2, epsilon, fused) -> BlockwiseQuantized:
+    br, bc = block
     xp = pad2d(x2, br, bc)  # (Mp, Kp)
     blocks = block_view(xp, br, bc)  # (Mr, br, Kc, bc)
     block_amax, has_nan = amax(blocks, dim=(1, 3))  # (Mr, Kc)
     scale = scale_from_amax(
-        block_amax, fmt.max, power_2=power_2, epsilon=epsilon, value_for_inf=dtype_max(x.dtype)
+        block_amax, fmt.max, power_2=power_2, epsilon=epsilon, value_for_inf=dtype_max(x2.dtype)
     )
     dec = reciprocal(scale)
     if fused:
@@ -89,7 +115,7 @@ def quantize_blockwise(
         v = blocks.float() if blocks.dtype != torch.float32 else blocks.clone()
         v = v.mul_(scale[:, None, :, None])  # fp32(x) * scale, rounded to fp32
         q = cast_fp8(v, fmt, inplace=True).view(xp.shape)  # (Mp, Kp)
-    out = BlockwiseQuantized(q, dec, (br, bc), x.shape, columnwise, has_nan, fmt, scale, block_amax, power_2)
+    out = BlockwiseQuantized(q, dec, (br, bc), shape, columnwise, has_nan, fmt, scale, block_amax, power_2)
     if fused and power_2:
-        out._gop = (deq16.view(xp.shape)[: out.m, : out.k].reshape(x.shape), None)
+        out._gop = (deq16.view(xp.shape)[: out.m, : out.k].reshape(shape), None)
     return out

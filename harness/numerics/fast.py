@@ -110,8 +110,7 @@ def _epilogue(has_alpha: bool, has_bias: bool, fp32_storage: bool):
             y = (y.double() * alpha.double()).float()  # == fp32 y * alpha: the product is exact in fp64
         if has_bias:
             y = y + bias.float()
-        y = y.to(BF16)
-        return y.float() if fp32_storage else y
+        return bf16_round(y) if fp32_storage else y.to(BF16)
 
     return epilogue
 
@@ -202,18 +201,19 @@ def _limit_patch():
     return cfg.patch(**{key: RECOMPILE_LIMIT})
 
 
-def _inductor_options() -> dict:
-    """Inductor keeps eager's bf16/fp16 roundings: by default it drops a cast to bf16 followed by
-    one back to fp32 (x.to(bf16).float() compiles to x), which would skip exactly the roundings
-    these functions emulate (a residual add's bf16 result in fp32 storage, a GEMM's bf16 output)."""
-    import torch._inductor.config as inductor
-
-    return {"emulate_precision_casts": True} if hasattr(inductor, "emulate_precision_casts") else {}
+def bf16_round(x: torch.Tensor) -> torch.Tensor:
+    """fp32 x rounded to bf16, kept in fp32 storage: x.to(bf16).float(), computed on the bits
+    (round to nearest even; NaN passes). For compiled functions: Inductor's graph passes fold a
+    cast to bf16 followed by one back to fp32 into nothing (its emulate_precision_casts does not
+    stop that on every torch), which would skip exactly the rounding being emulated."""
+    b = x.view(torch.int32)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).view(torch.float32)  # -65536 == 0xFFFF0000
+    return torch.where(torch.isnan(x), x, r)
 
 
 @functools.cache
 def _compiled(fn, device_type: str, dynamic: bool | None = None):
-    inner = torch.compile(fn, fullgraph=True, dynamic=dynamic, options=_inductor_options())
+    inner = torch.compile(fn, fullgraph=True, dynamic=dynamic)
 
     @functools.wraps(fn)
     def compiled_fn(*args):

@@ -1,5 +1,5 @@
-"""MXFP8 and NVFP4 quantization in one Triton pass per copy on CUDA: block amax, scale, cast and
-the GEMM operand together.
+"""Blockwise FP8, MXFP8 and NVFP4 quantization in one Triton pass per copy on CUDA: block amax,
+scale, cast and the GEMM operand together.
 
 The reference (harness.numerics.mxfp8 / nvfp4) runs each stage as its own tensor operation: a
 block-amax reduction, a dozen small scale ops (E8M0 encode and decode, the NVFP4 global and block
@@ -9,6 +9,8 @@ them. Each kernel here reads a tile of x once and writes the codes, the block sc
 dequantized bf16 operand, with the reference's operations in the reference's order:
 
 - amax: integer max over the |x| bit patterns, NaN patterns zeroed (exact in any order).
+- Blockwise (power-of-two scales): scale = fp8max / amax (IEEE division), Inf -> the input dtype's
+  max, amax 0 or Inf -> 1, mantissa cleared (`scaling.scale_from_amax`); scale_inv = 1 / scale.
 - MXFP8: e = E8M0(amax * fl32(1/fp8max)) rounded up (`formats.e8m0_encode`), elements
   fp32(x) * 2^(127-e) (`formats.e8m0_quant_scale`), saturated, rounded to nearest even.
 - NVFP4: S_enc = fl32(2688 / amax_g) (IEEE division), sf = E4M3(amax_b * fl32(S_enc * fl32(1/6))),
@@ -186,6 +188,35 @@ if triton is not None:
         _store_blocks(dec_ptr, dec, Mp, Kp, BR, BC, OM, OK)
 
     @triton.jit
+    def _blockwise(
+        x_ptr, codes_ptr, scale_ptr, dec_ptr, amax_ptr, deq_ptr, M, K, Mp, Kp, eps, inf_value,
+        IBITS: tl.constexpr, MASK: tl.constexpr, INF: tl.constexpr,
+        FMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr, CODE: tl.constexpr,
+        HAS_EPS: tl.constexpr,
+        BR: tl.constexpr, BC: tl.constexpr, OM: tl.constexpr, OK: tl.constexpr,
+    ):  # fmt: skip
+        x, rows, cols, inside = _tile(x_ptr, M, K, BR, BC, OM, OK)
+        amax = _block_amax(x, IBITS, MASK, INF, BR, BC, OM, OK)
+        # scaling.scale_from_amax with power_2: fp8max / amax (IEEE), Inf -> the input dtype's
+        # max, amax in {0, Inf} -> 1, then the mantissa cleared (a power of two, rounded down)
+        a = amax
+        if HAS_EPS:
+            a = tl.where(a < eps, eps, a)
+        scale = tl.math.div_rn(FMAX, a)
+        scale = tl.where(scale > 3.4028234663852886e38, inf_value, scale)
+        scale = tl.where((a > 3.4028234663852886e38) | (a == 0) | (a != a), 1.0, scale)
+        scale = (_bits_f32(scale) & -8388608).to(tl.float32, bitcast=True)  # & 0xFF800000
+        dec = tl.math.div_rn(1.0, scale)  # scale_inv (exact: a power of two)
+        v = _per_block(_f32(x), scale, BR, BC, OM, OK)
+        v = tl.where(v != v, v, tl.minimum(tl.maximum(v, -FMAX), FMAX))  # satfinite, NaN kept
+        q = _rne_on_grid(v, MANT, EMIN)
+        deq = _bf16(_per_block(q, dec, BR, BC, OM, OK))
+        _store_tiles(codes_ptr, _fp8_bits(q, CODE), deq_ptr, deq, rows, cols, inside, M, K, Mp, Kp)
+        _store_blocks(scale_ptr, scale, Mp, Kp, BR, BC, OM, OK)
+        _store_blocks(dec_ptr, dec, Mp, Kp, BR, BC, OM, OK)
+        _store_blocks(amax_ptr, amax, Mp, Kp, BR, BC, OM, OK)
+
+    @triton.jit
     def _nvfp4(
         x_ptr, amax_g_ptr, seed_ptr, q_ptr, sf_ptr, dec_ptr, deq_ptr, post_ptr, M, K, Mp, Kp,
         sixth, inv_global, flt_max,
@@ -250,7 +281,7 @@ def handles(x2: torch.Tensor, br: int, bc: int) -> bool:
     if triton is None or x2.dim() != 2 or x2.dtype not in ABS_BITS:
         return False
     pow2 = br & (br - 1) == 0 and bc & (bc - 1) == 0
-    return pow2 and br <= ROWS and bc <= COLS
+    return pow2 and br <= 2 * ROWS and bc <= COLS
 
 
 def _launch(x2: torch.Tensor, br: int, bc: int):
@@ -268,10 +299,35 @@ def _meta(dtype: torch.dtype, br: int, bc: int) -> dict:
     itype, mask, inf = ABS_BITS[dtype]
     om, ok = max(1, ROWS // br), max(1, COLS // bc)
     bits = {"IBITS": _TL_INT[itype], "MASK": mask, "INF": inf, "BR": br, "BC": bc, "OM": om, "OK": ok}
-    return {**bits, "enable_fp_fusion": False}
+    warps = 8 if om * br * ok * bc > ROWS * COLS else 4  # 128-row tiles: twice the elements
+    return {**bits, "enable_fp_fusion": False, "num_warps": warps}
 
 
 _TL_INT = {} if triton is None else {torch.int16: tl.int16, torch.int32: tl.int32}
+
+
+def blockwise(x2: torch.Tensor, br: int, bc: int, fmt: FP8Format, epsilon: float, inf_value: float):
+    """Blockwise FP8 copy of x2 (M, K) with (br x bc) blocks and power-of-two scales: FP8 codes
+    (Mp, Kp), the fp32 scales, scale_inv and block amaxes (Mp/br, Kp/bc), the dequantized values
+    (M, K) in bf16 (exact). `inf_value`: the scale where fp8max / amax overflows (the input
+    dtype's max, scaling.dtype_max)."""
+    x2 = x2.contiguous()
+    (m, k, mp, kp), grid, meta = _launch(x2, br, bc)
+    dev = x2.device
+    codes = torch.empty(mp, kp, dtype=fmt.dtype, device=dev)
+    scale, dec, amax = (torch.empty(mp // br, kp // bc, dtype=torch.float32, device=dev) for _ in range(3))
+    deq = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+    _blockwise[grid](
+        x2, codes.view(torch.uint8), scale, dec, amax, deq, m, k, mp, kp, epsilon, inf_value,
+        **_fmt_meta(fmt), HAS_EPS=epsilon > 0, **meta,
+    )  # fmt: skip
+    return codes, scale, dec, amax, deq
+
+
+def _fmt_meta(fmt: FP8Format) -> dict:
+    mant, emin = _FP8[fmt.dtype]
+    code = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e5m2: tl.float8e5}[fmt.dtype]
+    return {"FMAX": fmt.max, "MANT": mant, "EMIN": emin, "CODE": code}
 
 
 _INV_MAX = {torch.float8_e4m3fn: _fl32(1.0 / 448.0), torch.float8_e5m2: _fl32(1.0 / 57344.0)}
@@ -282,16 +338,13 @@ def mxfp8(x2: torch.Tensor, br: int, bc: int, fmt: FP8Format):
     E8M0 bytes and their fp32 decodes (Mp/br, Kp/bc), the dequantized values (M, K) in bf16."""
     x2 = x2.contiguous()
     (m, k, mp, kp), grid, meta = _launch(x2, br, bc)
-    mant, emin = _FP8[fmt.dtype]
     dev = x2.device
     codes = torch.empty(mp, kp, dtype=fmt.dtype, device=dev)
     e8m0 = torch.empty(mp // br, kp // bc, dtype=torch.uint8, device=dev)
     dec = torch.empty(mp // br, kp // bc, dtype=torch.float32, device=dev)
     deq = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
     inv_max = _INV_MAX[fmt.dtype]
-    code = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e5m2: tl.float8e5}[fmt.dtype]
-    fmt_meta = {"FMAX": fmt.max, "MANT": mant, "EMIN": emin, "CODE": code}
-    _mxfp8[grid](x2, codes.view(torch.uint8), e8m0, dec, deq, m, k, mp, kp, inv_max, **fmt_meta, **meta)
+    _mxfp8[grid](x2, codes.view(torch.uint8), e8m0, dec, deq, m, k, mp, kp, inv_max, **_fmt_meta(fmt), **meta)
     return codes, e8m0, dec, deq
 
 

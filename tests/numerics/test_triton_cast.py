@@ -53,6 +53,27 @@ def _mxfp8_matches_reference() -> None:
                     _same(ref.dec, got.dec, what + " decode")
 
 
+def _blockwise_matches_reference() -> None:
+    from harness.numerics import blockwise
+    from harness.numerics.formats import E4M3, E5M2
+
+    inputs, _ = _inputs()
+    for label, x in inputs:
+        for dtype in (torch.bfloat16, torch.float32):
+            for fmt, eps in ((E4M3, 0.0), (E5M2, 0.0), (E4M3, 1e-3)):
+                for block in ((1, 128), (128, 1), (128, 128)):
+                    xx = x.to(dtype)
+                    tile_2d, col = block == (128, 128), block == (128, 1)
+                    ref = blockwise.quantize_blockwise(xx, fmt, tile_2d=tile_2d, columnwise=col, epsilon=eps)
+                    got = blockwise.one_kernel(xx, fmt, block, xx.shape, col, eps)
+                    what = f"{label} {dtype} {fmt.name} eps={eps} {block}"
+                    _same(ref.data.view(torch.uint8), got.data.view(torch.uint8), what + " data")
+                    _same(ref.scale_inv, got.scale_inv, what + " scale_inv")
+                    _same(ref.gemm_operand()[0], got.gemm_operand()[0], what + " GEMM operand")
+                    _same(ref._scale, got._scale, what + " scale")
+                    _same(ref.block_amax, got.block_amax, what + " block amax")
+
+
 def _nvfp4_matches_reference() -> None:
     from harness.numerics import fast, nvfp4, triton_cast, triton_random
     from harness.numerics.qtensor import block_view, pad2d
@@ -111,6 +132,12 @@ def _rht_matches_reference() -> None:
 
 def test_rht_kernel_is_the_reference_in_triton_s_interpreter():
     in_triton_interpreter("from tests.numerics.test_triton_cast import _rht_matches_reference as f\nf()\n")
+
+
+def test_blockwise_kernel_is_the_reference_in_triton_s_interpreter():
+    in_triton_interpreter(
+        "from tests.numerics.test_triton_cast import _blockwise_matches_reference as f\nf()\n"
+    )
 
 
 def test_mxfp8_kernel_is_the_reference_in_triton_s_interpreter():
