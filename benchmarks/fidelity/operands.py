@@ -123,12 +123,16 @@ def capture_lowp_qkv_input(em, x) -> dict:
     return {"parts": dict(zip(FIELDS, parts)), "deq": row.dequantize().float()}
 
 
+TE_KIND = {"amax_history": "delayed"}  # the registry's scheme -> the TE quantizer kind (Float8Quantizer)
+
+
 def te_kind(recipe, role: str) -> tuple[str, dict]:
     """The TE quantizer (kind, kwargs) of this recipe config and role (forward roles: E4M3). The
     registry's quantizer scheme names TE's quantizer: delayed (Float8Quantizer), current, block."""
     from harness import recipes
 
-    kind = recipes.get(recipe.name).scheme
+    scheme = recipes.get(recipe.name).scheme
+    kind = TE_KIND.get(scheme, scheme)
     if kind not in KINDS:
         raise ValueError(f"recipe={recipe.name}: operands compares the TE quantizers {KINDS} only")
     if kind == "delayed":

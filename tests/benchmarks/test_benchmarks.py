@@ -223,3 +223,12 @@ def test_a_missing_anchor_script_stops_before_any_run(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "option anchor=.gpu/anchor_gpt.py: no such file" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_operand_check_knows_every_hopper_recipe_s_te_quantizer():
+    """te_vs_emulated's operand part maps each FP8 recipe TE runs on Hopper to TE's quantizer kind."""
+    from benchmarks.fidelity.operands import te_kind
+    from harness.numerics import resolve_recipe
+
+    kinds = {name: te_kind(resolve_recipe(name), "input")[0] for name in ("delayed", "tensorwise", "blockwise")}
+    assert kinds == {"delayed": "delayed", "tensorwise": "current", "blockwise": "block"}
