@@ -230,5 +230,6 @@ def test_operand_check_knows_every_hopper_recipe_s_te_quantizer():
     from benchmarks.fidelity.operands import te_kind
     from harness.numerics import resolve_recipe
 
-    kinds = {name: te_kind(resolve_recipe(name), "input")[0] for name in ("delayed", "tensorwise", "blockwise")}
+    names = ("delayed", "tensorwise", "blockwise")
+    kinds = {name: te_kind(resolve_recipe(name), "input")[0] for name in names}
     assert kinds == {"delayed": "delayed", "tensorwise": "current", "blockwise": "block"}
