@@ -173,7 +173,7 @@ def test_te_order_norm_backward_is_layer_norm_s_on_the_forward_statistics():
     w = (1 + 0.1 * torch.randn(768, generator=g)).bfloat16().float().requires_grad_(True)
     b = (0.1 * torch.randn(768, generator=g)).bfloat16().float().requires_grad_(True)
     gy = torch.randn(6, 768, generator=g)
-    _TEOrderLayerNorm.apply(x, w, b, 1e-5, frozenset(), False).backward(gy)
+    _TEOrderLayerNorm.apply(x, w, b, 1e-5, frozenset(), False, False).backward(gy)
     leaves = [t.detach().double().requires_grad_(True) for t in (x, w, b)]
     F.layer_norm(leaves[0], (768,), leaves[1], leaves[2], 1e-5).backward(gy.double())
     for ours, exact in zip((x.grad, w.grad, b.grad), (t.grad for t in leaves)):
