@@ -96,7 +96,11 @@ _ATTENTION_FIELDS = {
     "fp8_dpa": "fp8_dot_product_attention",
     "fp8_mha": "fp8_multi_head_attention",
     "fp8_dpa_recipe": None,
-    "fp8_lm_head": None,  # a note: Megatron's output layer is never FP8
+}
+# lowp-only recipe fields: no flag, no TransformerConfig field, each a note of recipe_flags
+_LOWP_ONLY_FIELDS = {
+    "fp8_lm_head",  # Megatron's output layer is never FP8
+    "fp8_fast_accumulation",  # Megatron builds Float8CurrentScaling with TE's default MMParams
 }
 _HISTORY_FIELDS = {"fp8_amax_history_len", "fp8_amax_compute_algo"}
 
@@ -177,6 +181,7 @@ def nvte_env(cfg: Config) -> dict[str, str]:
 def _expressed_fields(spec: recipes.RecipeSpec) -> set[str]:
     """RecipeConfig fields that reach Megatron: as a flag, an NVTE_* variable or the spec's note."""
     out = set(_ALWAYS_EXPRESSED) | {v.field for v in spec.nvte_vars} | set(_ATTENTION_FIELDS)
+    out |= _LOWP_ONLY_FIELDS
     if spec.megatron.history_flags:
         out |= _HISTORY_FIELDS
     if spec.megatron.quantizer_factory:
@@ -213,6 +218,12 @@ def recipe_flags(cfg: Config) -> Part:
         notes.append(
             "# recipe.fp8_lm_head=true has no Megatron equivalent: Megatron's output layer is a "
             "ColumnParallelLinear outside TE's autocast, its GEMMs always BF16 (a lowp-only recipe)"
+        )
+    if r.fp8_fast_accumulation != "fprop":
+        notes.append(
+            f"# recipe.fp8_fast_accumulation={r.fp8_fast_accumulation} has no Megatron equivalent: Megatron "
+            "builds Float8CurrentScaling(fp8_format=...) with TE's default MMParams (split accumulator in "
+            "dgrad and wgrad), so its run keeps them accurate (a lowp-only recipe)"
         )
     if r.fp8_dpa:
         notes.append(

@@ -291,6 +291,22 @@ def _fp8_head(base: RecipeSpec) -> RecipeSpec:
 
 
 _SPECS += tuple(_fp8_head(s) for s in _SPECS if s.name in ("tensorwise", "tensorwise_fp8attn"))
+
+
+def _fast_accumulation(base: RecipeSpec) -> RecipeSpec:
+    """`base` with FP8 fast accumulation in dgrad and wgrad too (recipe.fp8_fast_accumulation=all):
+    a recipe of its own, as it changes numerics. TE takes it per GEMM in Float8CurrentScaling only."""
+    assert base.te_recipe_class == "Float8CurrentScaling", base.name
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}_fastacc",
+        summary=f"{base.summary}; FP8 fast accumulation in dgrad and wgrad too (no split accumulator)",
+        te_only=True,
+        defaults={**base.defaults, "fp8_fast_accumulation": "all"},
+    )
+
+
+_SPECS += tuple(_fast_accumulation(s) for s in _SPECS if s.name in ("tensorwise", "tensorwise_fp8head"))
 REGISTRY: dict[str, RecipeSpec] = {s.name: s for s in _SPECS}
 BASELINE = "bf16"
 """The unquantized recipe: what a module runs where the precision plan quantizes nothing."""

@@ -120,6 +120,16 @@ def test_cli_prints_flags_and_refuses_illegal_configs():
     assert res.returncode == 2 and res.stderr.strip().startswith("error: optimizer.optimizer_cpu_offload")
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise_fastacc", "tensorwise_fp8head_fastacc"])
+def test_fast_accumulation_is_a_note_megatron_cannot_follow(recipe):
+    argv, notes = megatron_args(compose_cfg("model=gpt_tiny", "backend=te", f"recipe={recipe}"))
+    assert pairs(argv)["--fp8-recipe"] == "tensorwise" and not any("fast" in a or "split" in a for a in argv)
+    (note,) = [n for n in notes if "fp8_fast_accumulation" in n]
+    assert note.startswith("# recipe.fp8_fast_accumulation=all has no Megatron equivalent")
+    assert "split accumulator in dgrad and wgrad" in note
+    assert not any("fp8_fast_accumulation" in n for n in megatron_args(compose_cfg("recipe=tensorwise"))[1])
+
+
 def test_lm_head_loss_chunks_is_a_note_not_a_flag():
     argv, notes = megatron_args(compose_cfg("model=gpt_tiny", "model.lm_head_loss_chunks=8"))
     assert not any("chunk" in a for a in argv)

@@ -52,6 +52,10 @@ def test_te_accepts_every_recipe_lowp_accepts(accepted_recipes):
             assert dims == (r.x_block_dim, r.w_block_dim, r.grad_block_dim), label
         if cls == "DelayedScaling":
             assert (rec.amax_history_len, rec.margin) == (r.fp8_amax_history_len, s.fp8_margin), label
+        if cls == "Float8CurrentScaling":
+            split = (rec.fp8_gemm_fprop, rec.fp8_gemm_dgrad, rec.fp8_gemm_wgrad)
+            backward = r.fp8_fast_accumulation != "all"
+            assert [p.use_split_accumulator for p in split] == [False, backward, backward], label
     assert not refused, refused[:10]
 
 

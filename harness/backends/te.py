@@ -390,6 +390,7 @@ class TEBackend(Backend):
                 "fp8_mha": self.spec.recipe.fp8_mha,
                 "fp8_dpa_recipe": self.spec.recipe.fp8_dpa_recipe,
                 "fp8_lm_head": self.spec.recipe.fp8_lm_head,
+                "fp8_fast_accumulation": self.spec.recipe.fp8_fast_accumulation,
             },
             "mapping_notes": notes,
             "block_recipes": {

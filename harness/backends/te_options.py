@@ -9,6 +9,10 @@
   (NVTE_DPA_FP8_RECIPE=DelayedScaling). The emulated backend quantizes GEMM operands only.
 - FP8 LM head (`recipe.fp8_lm_head`, the *_fp8head recipes): the head as a te.Linear under the
   recipe; TE's FP8 GEMM needs dims divisible by 16 (utils.assert_dim_for_fp8_exec); untied, whole.
+- FP8 fast accumulation in the backward GEMMs (`recipe.fp8_fast_accumulation=all`, the *_fastacc
+  recipes): Float8CurrentScaling's fp8_gemm_dgrad/fp8_gemm_wgrad MMParams (the other TE recipe
+  classes take no per-GEMM setting: DelayedScaling has none, Float8BlockScaling asserts the split
+  accumulator); the emulated backend accumulates exactly in fp32, so it cannot run it.
 - `model.cross_entropy_loss_fusion`: TE's Triton kernel, CUDA only; one LM-head path at a time.
 - `backend.packed_qkv_grad`: changes only how TE's packed QKV reaches attention, which TE 2.20 does
   with learned positions, no QK norm and num_query_groups == num_attention_heads.
@@ -44,11 +48,14 @@ def option_errors(
         errs.append(
             "recipe.fp8_mha=true needs recipe.fp8_dpa=true (TE's FP8 MHA is FP8 attention plus FP8 I/O)"
         )
-    if (r.fp8_dpa or spec.te_only) and not te:
+    if r.fp8_dpa and not te:
         errs.append(
             f"recipe={r.name} with recipe.fp8_dpa={r.fp8_dpa} and a backend other than te: the emulated "
             "backend quantizes GEMM operands only, not attention; use backend=te or recipe.fp8_dpa=false"
         )
+    elif spec.te_only and not te and not (r.fp8_lm_head or r.fp8_fast_accumulation != "fprop"):
+        # the TE-only options that are on say why in their own rules below
+        errs.append(f"recipe={r.name} with a backend other than te: a TE-only recipe; use backend=te")
     if r.fp8_dpa and spec.te_recipe_class not in FP8_ATTENTION_CLASSES:
         errs.append(
             f"recipe.fp8_dpa=true with recipe={r.name}: TE 2.20 has FP8 attention for delayed and "
@@ -70,6 +77,7 @@ def option_errors(
             "no other backend for it; set recipe.fp8_dpa_recipe=delayed (recipe=tensorwise_fp8attn)"
         )
     errs += _lm_head_errors(r, m, te)
+    errs += _fast_accumulation_errors(r, te)
     if m.cross_entropy_loss_fusion and not te:
         errs.append(
             "model.cross_entropy_loss_fusion=true with a backend other than te: it is TE's Triton "
@@ -116,6 +124,38 @@ def _lm_head_errors(r: RecipeConfig, m: ModelConfig, te: bool) -> list[str]:
             f"{m.vocab_size}): pad model.vocab_size"
         )
     return [f"recipe={r.name} (recipe.fp8_lm_head=true): {w}" for w in why]
+
+
+FAST_ACCUMULATION_RECIPES = tuple(
+    n for n in recipes.names() if recipes.get(n).defaults.get("fp8_fast_accumulation", "fprop") != "fprop"
+)
+
+
+def _fast_accumulation_errors(r: RecipeConfig, te: bool) -> list[str]:
+    """recipe.fp8_fast_accumulation: Float8CurrentScaling's MMParams, a recipe of its own, TE only."""
+    if r.fp8_fast_accumulation == "fprop":
+        return []
+    spec, opt = recipes.get(r.name), f"recipe.fp8_fast_accumulation={r.fp8_fast_accumulation}"
+    if spec.te_recipe_class != "Float8CurrentScaling":
+        return [
+            f"{opt} with recipe={r.name}: only TE's Float8CurrentScaling sets the accumulation per GEMM "
+            f"and {r.name} builds {spec.te_recipe_class or 'no TE recipe (BF16 GEMMs)'}; use one of "
+            f"{list(FAST_ACCUMULATION_RECIPES)} or recipe.fp8_fast_accumulation=fprop"
+        ]
+    if spec.defaults.get("fp8_fast_accumulation") != r.fp8_fast_accumulation:
+        variant = f"{r.name}_fastacc"
+        return [
+            f"{opt} with recipe={r.name}: fast accumulation in the backward GEMMs changes numerics, so it "
+            f"is a recipe of its own; use recipe={variant}"
+            if variant in FAST_ACCUMULATION_RECIPES
+            else f"{opt} with recipe={r.name}: only {list(FAST_ACCUMULATION_RECIPES)} have it"
+        ]
+    if not te:
+        return [
+            f"recipe={r.name} ({opt}) with a backend other than te: the emulated backend accumulates "
+            "every GEMM exactly in fp32 and cannot reproduce cuBLAS's FP8 fast accumulation; use backend=te"
+        ]
+    return []
 
 
 def _graph_errors(

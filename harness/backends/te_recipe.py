@@ -37,9 +37,25 @@ def _delayed(R, r, s):
     )
 
 
+def _gemm_params(R, r: RecipeConfig) -> dict:
+    """Float8CurrentScaling's per-GEMM accumulation (recipe.fp8_fast_accumulation): fprop always on
+    fast accumulation (TE's default), dgrad and wgrad on it only with `all`; TE's Linear,
+    LayerNormLinear and LayerNormMLP read these fields (recipe.fp8_gemm_*.use_split_accumulator)."""
+    split_backward = r.fp8_fast_accumulation != "all"
+    return {
+        "fp8_gemm_fprop": R.MMParams(use_split_accumulator=False),
+        "fp8_gemm_dgrad": R.MMParams(use_split_accumulator=split_backward),
+        "fp8_gemm_wgrad": R.MMParams(use_split_accumulator=split_backward),
+    }
+
+
 def _current(R, r, s):
     rec = R.Float8CurrentScaling(
-        fp8_format=_fmt(R, r), fp8_dpa=r.fp8_dpa, fp8_mha=r.fp8_mha, backward_override=_backward(s)
+        fp8_format=_fmt(R, r),
+        fp8_dpa=r.fp8_dpa,
+        fp8_mha=r.fp8_mha,
+        backward_override=_backward(s),
+        **_gemm_params(R, r),
     )
     return _qparams(R, r, rec)
 

@@ -14,6 +14,7 @@ from typing import Any
 FP8_FORMATS = ("e4m3", "hybrid")
 FP4_FORMATS = ("e2m1",)
 STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+FP8_FAST_ACCUMULATION = ("fprop", "all")
 
 
 @dataclass
@@ -64,6 +65,13 @@ class RecipeConfig:
     """The recipe attention quantizes with (TE's NVTE_DPA_FP8_RECIPE): null = the linears' own;
     delayed = TE DelayedScaling (what FP8 attention under tensorwise needs below compute capability
     10.0, where TE 2.20 has no fused current-scaling attention)."""
+    fp8_fast_accumulation: str = "fprop"
+    """Which FP8 GEMMs use Hopper/Ada's fast accumulation (cuBLASLt FAST_ACCUM: the tensor cores'
+    reduced-precision accumulator, never promoted to fp32) instead of TE's split accumulator: fprop
+    (TE's default under delayed and current scaling) or all (dgrad and wgrad too: TE
+    Float8CurrentScaling's fp8_gemm_dgrad and fp8_gemm_wgrad get MMParams(use_split_accumulator=False)).
+    Faster backward GEMMs, changes numerics; Float8CurrentScaling and backend=te only (Megatron has no
+    flag): the *_fastacc recipes set it."""
 
 
 @dataclass

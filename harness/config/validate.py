@@ -31,6 +31,7 @@ NAMES = {
     "recipe.fp8": (None, *schema.FP8_FORMATS),
     "recipe.fp4": (None, *schema.FP4_FORMATS),
     "recipe.fp8_amax_compute_algo": ("max", "most_recent"),
+    "recipe.fp8_fast_accumulation": schema.FP8_FAST_ACCUMULATION,
     "optimizer.main_grads_dtype": ("fp32", "bf16"),
     "optimizer.main_params_dtype": ("fp32", "fp16"),
     "optimizer.exp_avg_dtype": schema.STATE_DTYPES,
@@ -447,6 +448,12 @@ def recommendations(cfg: Config) -> list[str]:
         out.append(
             "stability.fp8_wgrad=false on backend=te maps to TE's high-precision backward, which "
             "also keeps dgrad in high precision (recorded in run.json)"
+        )
+    if not s.fp8_wgrad and r.fp8_fast_accumulation == "all":
+        out.append(
+            f"recipe.fp8_fast_accumulation=all has no effect on the backward GEMMs with "
+            f"stability.fp8_wgrad=false: TE's high-precision backward runs dgrad and wgrad in BF16; "
+            f"use recipe={r.name.removesuffix('_fastacc')} for that run"
         )
     return out
 

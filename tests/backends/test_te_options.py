@@ -198,3 +198,61 @@ def test_fp8_attention_warns_of_its_measured_loss_check(recipe):
     (msg,) = [w for w in warnings_of(*H200_TE, f"recipe={recipe}") if "fp8_dpa" in w]
     assert "left the BF16 loss band" in msg and "benchmarks/RESULTS.md" in msg
     assert not [w for w in warnings_of(*H200_TE, "recipe=tensorwise") if "fp8_dpa" in w]
+
+
+FASTACC = ("tensorwise_fastacc", "tensorwise_fp8head_fastacc")
+
+
+@pytest.mark.parametrize("recipe", FASTACC)
+def test_fast_accumulation_recipes_are_valid_on_hopper_with_te_only(recipe):
+    from harness.config.validate import validate
+
+    cfg = compose_cfg(*H200_TE, f"recipe={recipe}")
+    assert cfg.recipe.fp8_fast_accumulation == "all"
+    assert cfg.recipe.fp8_lm_head is (recipe == "tensorwise_fp8head_fastacc")
+    validate(cfg)
+    msg = error_of("hardware=h200", "backend=emulated", "recipe=tensorwise_fastacc")
+    assert msg.startswith("recipe=tensorwise_fastacc (recipe.fp8_fast_accumulation=all) with a backend other")
+    assert "accumulates every GEMM exactly in fp32" in msg and msg.endswith("use backend=te")
+
+
+@pytest.mark.parametrize(
+    ("recipe", "words"),
+    [
+        ("tensorwise", "changes numerics, so it is a recipe of its own; use recipe=tensorwise_fastacc"),
+        ("tensorwise_fp8head", "use recipe=tensorwise_fp8head_fastacc"),
+        ("tensorwise_fp8attn", "only ['tensorwise_fastacc', 'tensorwise_fp8head_fastacc'] have it"),
+        (
+            "delayed",
+            "only TE's Float8CurrentScaling sets the accumulation per GEMM and delayed builds DelayedScaling",
+        ),
+        ("blockwise", "blockwise builds Float8BlockScaling; use one of ['tensorwise_fastacc'"),
+        ("bf16", "bf16 builds no TE recipe (BF16 GEMMs)"),
+    ],
+)
+def test_fast_accumulation_is_never_folded_into_another_recipe(recipe, words):
+    msg = error_of(*H200_TE, f"recipe={recipe}", "recipe.fp8_fast_accumulation=all")
+    assert msg.startswith(f"recipe.fp8_fast_accumulation=all with recipe={recipe}: ") and words in msg, msg
+
+
+def test_fast_accumulation_names_its_values():
+    msg = error_of(*H200_TE, "recipe=tensorwise_fastacc", "recipe.fp8_fast_accumulation=dgrad")
+    assert msg == "recipe.fp8_fast_accumulation=dgrad: unknown; choose one of ['fprop', 'all']"
+
+
+def test_fast_accumulation_without_fp8_backward_warns_it_does_nothing():
+    notes = warnings_of(*H200_TE, "recipe=tensorwise_fastacc", "stability.fp8_wgrad=false")
+    (msg,) = [n for n in notes if "fp8_fast_accumulation" in n]
+    assert "stability.fp8_wgrad=false" in msg and msg.endswith("use recipe=tensorwise for that run")
+    assert not [n for n in warnings_of(*H200_TE, "recipe=tensorwise_fastacc") if "fp8_fast_accumulation" in n]
+
+
+def test_a_te_only_recipe_without_its_te_option_names_backend_te():
+    """The TE-only recipes whose option is on say why in that option's rule (above, and the LM head's);
+    one with its option set back still runs on TE only, in one line that does not blame attention."""
+    msg = error_of("backend=emulated", "recipe=tensorwise_fastacc", "recipe.fp8_fast_accumulation=fprop")
+    assert msg == "recipe=tensorwise_fastacc with a backend other than te: a TE-only recipe; use backend=te"
+    msg = error_of("backend=emulated", "recipe=tensorwise_fp8head")
+    assert msg.startswith(
+        "recipe=tensorwise_fp8head (recipe.fp8_lm_head=true): the LM head becomes a te.Linear"
+    )

@@ -158,3 +158,27 @@ def test_fp8_lm_head_quantizes_the_head_and_trains(tmp_path):
     assert s.status == "completed" and math.isfinite(s.final_train_loss) and s.final_train_loss < 5.4
     run_json = json.loads((tmp_path / "run.json").read_text())
     assert run_json["provenance"]["speed_options"]["fp8_lm_head"] is True
+
+
+@needs_cuda
+@needs_te
+def test_fast_accumulation_changes_the_backward_only_and_trains(tmp_path):
+    """tensorwise_fastacc: TE builds Float8CurrentScaling with fast accumulation in dgrad and wgrad,
+    the forward (fast accumulation in fprop under both recipes) gives tensorwise's loss to the bit, some
+    gradient differs (TE's modules read fp8_gemm_dgrad/fp8_gemm_wgrad), and 50 steps train."""
+    import json
+
+    from harness.train import run
+
+    common = (*GPU_TINY, "backend=te", "seed=9")
+    loss_tw, g_tw, _ = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise"))
+    loss_fa, g_fa, trainer = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise_fastacc"))
+    rec = trainer.backend.recipe
+    assert not rec.fp8_gemm_dgrad.use_split_accumulator and not rec.fp8_gemm_wgrad.use_split_accumulator
+    assert torch.equal(loss_tw, loss_fa)
+    assert any(not torch.equal(g_tw[name], g_fa[name]) for name in g_tw if ".layer." in name)
+    s = run(compose_cfg(*common, "recipe=tensorwise_fastacc", "steps=50"), tmp_path)
+    assert s.status == "completed" and math.isfinite(s.final_train_loss) and s.final_train_loss < 5.4
+    provenance = json.loads((tmp_path / "run.json").read_text())["provenance"]
+    assert provenance["speed_options"]["fp8_fast_accumulation"] == "all"
+    assert "fp8_gemm_wgrad=MMParams(use_split_accumulator=False)" in provenance["recipe_repr"]
