@@ -306,19 +306,29 @@ def _meta(dtype: torch.dtype, br: int, bc: int) -> dict:
 _TL_INT = {} if triton is None else {torch.int16: tl.int16, torch.int32: tl.int32}
 
 
+def _outputs(x2: torch.Tensor, br: int, bc: int, code_dtype: torch.dtype, *block_dtypes: torch.dtype):
+    """What every kernel here takes: x2 contiguous, its sizes (M, K, Mp, Kp), the grid and the
+    compile-time arguments, and the kernel's outputs: codes (Mp, Kp) of `code_dtype`, one
+    (Mp/br, Kp/bc) tensor per block dtype, the bf16 GEMM operand (M, K)."""
+    x2 = x2.contiguous()
+    sizes, grid, meta = _launch(x2, br, bc)
+    m, k, mp, kp = sizes
+    dev = x2.device
+    codes = torch.empty(mp, kp, dtype=code_dtype, device=dev)
+    per_block = [torch.empty(mp // br, kp // bc, dtype=d, device=dev) for d in block_dtypes]
+    deq = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+    return x2, sizes, grid, meta, codes, per_block, deq
+
+
 def blockwise(x2: torch.Tensor, br: int, bc: int, fmt: FP8Format, epsilon: float, inf_value: float):
     """Blockwise FP8 copy of x2 (M, K) with (br x bc) blocks and power-of-two scales: FP8 codes
     (Mp, Kp), the fp32 scales, scale_inv and block amaxes (Mp/br, Kp/bc), the dequantized values
     (M, K) in bf16 (exact). `inf_value`: the scale where fp8max / amax overflows (the input
     dtype's max, scaling.dtype_max)."""
-    x2 = x2.contiguous()
-    (m, k, mp, kp), grid, meta = _launch(x2, br, bc)
-    dev = x2.device
-    codes = torch.empty(mp, kp, dtype=fmt.dtype, device=dev)
-    scale, dec, amax = (torch.empty(mp // br, kp // bc, dtype=torch.float32, device=dev) for _ in range(3))
-    deq = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+    f32 = torch.float32
+    x2, sizes, grid, meta, codes, (scale, dec, amax), deq = _outputs(x2, br, bc, fmt.dtype, f32, f32, f32)
     _blockwise[grid](
-        x2, codes.view(torch.uint8), scale, dec, amax, deq, m, k, mp, kp, epsilon, inf_value,
+        x2, codes.view(torch.uint8), scale, dec, amax, deq, *sizes, epsilon, inf_value,
         **_fmt_meta(fmt), HAS_EPS=epsilon > 0, **meta,
     )  # fmt: skip
     return codes, scale, dec, amax, deq
@@ -336,15 +346,11 @@ _INV_MAX = {torch.float8_e4m3fn: _fl32(1.0 / 448.0), torch.float8_e5m2: _fl32(1.
 def mxfp8(x2: torch.Tensor, br: int, bc: int, fmt: FP8Format):
     """MXFP8 copy of x2 (M, K) with (br x bc) blocks: FP8 codes (Mp, Kp) padded to whole blocks,
     E8M0 bytes and their fp32 decodes (Mp/br, Kp/bc), the dequantized values (M, K) in bf16."""
-    x2 = x2.contiguous()
-    (m, k, mp, kp), grid, meta = _launch(x2, br, bc)
-    dev = x2.device
-    codes = torch.empty(mp, kp, dtype=fmt.dtype, device=dev)
-    e8m0 = torch.empty(mp // br, kp // bc, dtype=torch.uint8, device=dev)
-    dec = torch.empty(mp // br, kp // bc, dtype=torch.float32, device=dev)
-    deq = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+    x2, sizes, grid, meta, codes, (e8m0, dec), deq = _outputs(
+        x2, br, bc, fmt.dtype, torch.uint8, torch.float32
+    )
     inv_max = _INV_MAX[fmt.dtype]
-    _mxfp8[grid](x2, codes.view(torch.uint8), e8m0, dec, deq, m, k, mp, kp, inv_max, **_fmt_meta(fmt), **meta)
+    _mxfp8[grid](x2, codes.view(torch.uint8), e8m0, dec, deq, *sizes, inv_max, **_fmt_meta(fmt), **meta)
     return codes, e8m0, dec, deq
 
 
@@ -355,18 +361,14 @@ def nvfp4(x2: torch.Tensor, br: int, bc: int, amax_g: torch.Tensor, has_nan: boo
     value x block scale (M, K) in bf16, and the GEMM's post scale amax / 2688 (one element).
     `seed`: stochastic rounding with triton_random's uniforms from this seed, or None (to
     nearest even)."""
-    x2 = x2.contiguous()
-    (m, k, mp, kp), grid, meta = _launch(x2, br, bc)
-    dev = x2.device
-    q = torch.empty(mp, kp, dtype=torch.bfloat16, device=dev)
-    sf = torch.empty(mp // br, kp // bc, dtype=torch.float8_e4m3fn, device=dev)
-    dec = torch.empty(mp // br, kp // bc, dtype=torch.float32, device=dev)
-    deq = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
-    post = torch.empty(1, dtype=torch.float32, device=dev)
+    x2, sizes, grid, meta, q, (sf, dec), deq = _outputs(
+        x2, br, bc, torch.bfloat16, torch.float8_e4m3fn, torch.float32
+    )
+    post = torch.empty(1, dtype=torch.float32, device=x2.device)
     stochastic = seed is not None
     _nvfp4[grid](
         x2, amax_g.reshape(1), seed if stochastic else amax_g, q, sf.view(torch.uint8), dec, deq, post,
-        m, k, mp, kp, *_NVFP4_CONSTS, HAS_NAN=has_nan, STOCHASTIC=stochastic, **meta,
+        *sizes, *_NVFP4_CONSTS, HAS_NAN=has_nan, STOCHASTIC=stochastic, **meta,
     )  # fmt: skip
     return q, sf, dec, deq, post
 
