@@ -1,9 +1,9 @@
 """Blockwise FP8, MXFP8 and NVFP4 quantization in one Triton pass per copy on CUDA: block amax,
 scale, cast and the GEMM operand together.
 
-The reference (harness.numerics.mxfp8 / nvfp4) runs each stage as its own tensor operation: a
-block-amax reduction, a dozen small scale ops (E8M0 encode and decode, the NVFP4 global and block
-scales), the cast, the dequantized copy. At the 1.4B shape that is ~20 launches per quantized
+The reference (harness.numerics.blockwise / mxfp8 / nvfp4) runs each stage as its own tensor
+operation: a block-amax reduction, a dozen small scale ops (E8M0 encode and decode, the NVFP4 global
+and block scales), the cast, the dequantized copy. At the 1.4B shape that is ~20 launches per quantized
 tensor, 576 tensors a step for MXFP8, and the GPU sat idle for a third of the step waiting for
 them. Each kernel here reads a tile of x once and writes the codes, the block scales and the
 dequantized bf16 operand, with the reference's operations in the reference's order:
@@ -15,13 +15,20 @@ dequantized bf16 operand, with the reference's operations in the reference's ord
   fp32(x) * 2^(127-e) (`formats.e8m0_quant_scale`), saturated, rounded to nearest even.
 - NVFP4: S_enc = fl32(2688 / amax_g) (IEEE division), sf = E4M3(amax_b * fl32(S_enc * fl32(1/6))),
   k = min(fl32(1 / fl32(sf * S_dec)), FLT_MAX), elements fp32(x * k) on the E2M1 grid, to nearest
-  even or stochastically with the caller's uniforms (the same torch.rand draws as the reference's
-  CUDA path).
+  even or stochastically: floor(v / step + u) with u = Philox's tl.rand(seed, element index), the
+  uniforms the reference's CUDA path materializes (harness.numerics.triton_random).
+- NVFP4's RHT (`rht`): each 16-token chunk times diag(s) H16 / 4, summed in fp32 in k order,
+  rounded to bf16, with the transform's amax from the same pass.
 - FP8 rounding is done in fp32 on the format's grid (spacing 2^(max(e, emin) - mantissa bits),
   half to even), then converted, exact: the hardware's cvt.rn.satfinite would give the same
   codes, and Triton's CPU interpreter (whose fp8 conversion does not round half to even) checks
-  the same arithmetic the GPU runs. FMA contraction is off (a product feeding a sum stays two
-  roundings, as in the reference).
+  the same arithmetic the GPU runs. bf16 results are rounded on the bits (c10's rounding), and
+  nothing flushes subnormals. FMA contraction is off (a product feeding a sum stays two roundings,
+  as in the reference).
+
+tests/numerics/test_triton_cast.py runs every kernel in Triton's interpreter against the reference
+quantizers at atol=0; tests/numerics/test_fast_path_gpu.py compares the compiled kernels on CUDA
+with the CPU reference.
 """
 
 from __future__ import annotations
