@@ -94,18 +94,24 @@ def option_errors(
 FP8_HEAD_RECIPES = tuple(n for n in recipes.names() if recipes.get(n).defaults.get("fp8_lm_head"))
 
 
+def _own_recipe(r: RecipeConfig, opt: str, what: str, suffix: str, having: tuple[str, ...]) -> list[str]:
+    """A numerics-changing option set on a recipe that does not define it: name its own recipe."""
+    variant = f"{r.name}{suffix}"
+    if variant in having:
+        return [
+            f"{opt} with recipe={r.name}: {what} changes numerics, so it is a recipe of its own; "
+            f"use recipe={variant}"
+        ]
+    return [f"{opt} with recipe={r.name}: only {list(having)} have it"]
+
+
 def _lm_head_errors(r: RecipeConfig, m: ModelConfig, te: bool) -> list[str]:
     """recipe.fp8_lm_head: a te.Linear under the recipe (TE's FP8 GEMM: assert_dim_for_fp8_exec)."""
     if not r.fp8_lm_head:
         return []
     spec = recipes.get(r.name)
     if not spec.defaults.get("fp8_lm_head"):
-        return [
-            f"recipe.fp8_lm_head=true with recipe={r.name}: an FP8 LM head changes numerics, so it is "
-            f"a recipe of its own; use recipe={r.name}_fp8head"
-            if f"{r.name}_fp8head" in FP8_HEAD_RECIPES
-            else f"recipe.fp8_lm_head=true with recipe={r.name}: only {list(FP8_HEAD_RECIPES)} have it"
-        ]
+        return _own_recipe(r, "recipe.fp8_lm_head=true", "an FP8 LM head", "_fp8head", FP8_HEAD_RECIPES)
     why = []
     if not te:
         why.append("the LM head becomes a te.Linear: use backend=te")
@@ -143,13 +149,8 @@ def _fast_accumulation_errors(r: RecipeConfig, te: bool) -> list[str]:
             f"{list(FAST_ACCUMULATION_RECIPES)} or recipe.fp8_fast_accumulation=fprop"
         ]
     if spec.defaults.get("fp8_fast_accumulation") != r.fp8_fast_accumulation:
-        variant = f"{r.name}_fastacc"
-        return [
-            f"{opt} with recipe={r.name}: fast accumulation in the backward GEMMs changes numerics, so it "
-            f"is a recipe of its own; use recipe={variant}"
-            if variant in FAST_ACCUMULATION_RECIPES
-            else f"{opt} with recipe={r.name}: only {list(FAST_ACCUMULATION_RECIPES)} have it"
-        ]
+        what = "fast accumulation in the backward GEMMs"
+        return _own_recipe(r, opt, what, "_fastacc", FAST_ACCUMULATION_RECIPES)
     if not te:
         return [
             f"recipe={r.name} ({opt}) with a backend other than te: the emulated backend accumulates "
