@@ -32,6 +32,13 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
+    def abs_bits(bits, MASK: tl.constexpr, INF: tl.constexpr):
+        """|x| bit patterns of x's bits with NaN patterns (above Inf's) zeroed: their integer max is
+        max |x| with NaN ignored, like fmaxf (formats.ABS_BITS gives MASK and INF per dtype)."""
+        bits = bits & MASK
+        return tl.where(bits > INF, 0, bits)
+
+    @triton.jit
     def _block_amax(
         x_ptr,
         out_ptr,
@@ -49,8 +56,7 @@ if triton is not None:
         cols = tl.program_id(1) * OK * BC + tl.arange(0, OK * BC)
         m = (rows < M)[:, None] & (cols < K)[None, :]
         bits = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=m, other=0)
-        bits = bits & MASK
-        bits = tl.where(bits > INF, 0, bits)  # NaN -> 0: ignored, like fmaxf
+        bits = abs_bits(bits, MASK, INF)
         blk = tl.reshape(bits, [OM, BR, OK, BC])
         amax = tl.max(tl.max(blk, axis=3), axis=1)  # (OM, OK)
         orow = tl.program_id(0) * OM + tl.arange(0, OM)
@@ -61,8 +67,7 @@ if triton is not None:
     @triton.jit
     def _tensor_amax(x_ptr, out_ptr, N, MASK: tl.constexpr, INF: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        bits = tl.load(x_ptr + offs, mask=offs < N, other=0) & MASK
-        bits = tl.where(bits > INF, 0, bits)  # NaN -> 0: ignored, like fmaxf
+        bits = abs_bits(tl.load(x_ptr + offs, mask=offs < N, other=0), MASK, INF)
         tl.store(out_ptr + tl.program_id(0), tl.max(bits, axis=0))
 
 

@@ -37,6 +37,7 @@ import functools
 
 import torch
 
+from harness.numerics import triton_amax
 from harness.numerics.formats import ABS_BITS, FLT_MAX, FP8Format
 
 try:  # optional: only the CUDA fast path needs it
@@ -139,8 +140,7 @@ if triton is not None:
     @triton.jit
     def _block_amax(x, IBITS: tl.constexpr, MASK: tl.constexpr, INF: tl.constexpr, BR, BC, OM, OK):
         """(OM, OK) fp32 amaxes of the tile's blocks, NaN ignored."""
-        bits = x.to(IBITS, bitcast=True) & MASK
-        bits = tl.where(bits > INF, 0, bits)
+        bits = triton_amax.abs_bits(x.to(IBITS, bitcast=True), MASK, INF)
         m = tl.max(tl.max(tl.reshape(bits, [OM, BR, OK, BC]), axis=3), axis=1)
         return _f32(m.to(IBITS).to(x.dtype, bitcast=True))
 
@@ -276,8 +276,7 @@ if triton is not None:
         y = _bf16(tl.trans(tl.dot(tl.trans(x), mat, input_precision="ieee")))  # (16, BK)
         cm = (cols < K)[None, :] & (rows >= 0)[:, None]
         tl.store(y_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], y, mask=cm)
-        bits = y.to(tl.int16, bitcast=True) & 0x7FFF
-        bits = tl.where(bits > 0x7F80, 0, bits)
+        bits = triton_amax.abs_bits(y.to(tl.int16, bitcast=True), 0x7FFF, 0x7F80)  # formats.ABS_BITS[bf16]
         amax = tl.max(tl.max(tl.where(cm, bits, 0), axis=1), axis=0)
         tl.store(amax_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), amax.to(tl.int16))
 
