@@ -119,11 +119,10 @@ def quantize_nvfp4(
     else:
         br, bc = (BLOCK, 1) if columnwise else (1, BLOCK)
     kernels = fused and x2.is_cuda and triton_cast.handles(x2, br, bc)
-    amax_g = None
-    if use_rht and kernels:  # the transform and its amax in one Triton pass
-        src, amax_g = _rht_kernel(x2.to(torch.bfloat16))
-    else:
-        src = rht_tokens(x2.to(torch.bfloat16)) if use_rht else x2  # (Mp|M, K)
+    src, amax_g = x2, None
+    if use_rht:  # (Mp, K); with the kernels the transform and its amax come from one Triton pass
+        x16 = x2.to(torch.bfloat16)
+        src, amax_g = _rht_kernel(x16) if kernels else (rht_tokens(x16), None)
     args = (src, (br, bc), x.shape, columnwise, use_rht, stochastic, generator)
     if kernels:
         return _one_kernel(*args, amax_g)
