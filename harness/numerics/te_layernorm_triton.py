@@ -71,22 +71,21 @@ if triton is not None:
             x2, x6 = tl.split(eo)
             x1, x5 = tl.split(oe)
             x3, x7 = tl.split(oo)
-            acc = step(acc, x0, SQUARE, FMA)
-            acc = step(acc, x1, SQUARE, FMA)
-            acc = step(acc, x2, SQUARE, FMA)
-            acc = step(acc, x3, SQUARE, FMA)
-            acc = step(acc, x4, SQUARE, FMA)
-            acc = step(acc, x5, SQUARE, FMA)
-            acc = step(acc, x6, SQUARE, FMA)
-            acc = step(acc, x7, SQUARE, FMA)
+            acc = four_steps(acc, x0, x1, x2, x3, SQUARE, FMA)
+            acc = four_steps(acc, x4, x5, x6, x7, SQUARE, FMA)
         else:
             x0, x2 = tl.split(e)
             x1, x3 = tl.split(o)
-            acc = step(acc, x0, SQUARE, FMA)
-            acc = step(acc, x1, SQUARE, FMA)
-            acc = step(acc, x2, SQUARE, FMA)
-            acc = step(acc, x3, SQUARE, FMA)
+            acc = four_steps(acc, x0, x1, x2, x3, SQUARE, FMA)
         return acc
+
+    @triton.jit
+    def four_steps(acc, a, b, c, d, SQUARE: tl.constexpr, FMA: tl.constexpr):
+        # `step` for a, b, c, d in that order
+        acc = step(acc, a, SQUARE, FMA)
+        acc = step(acc, b, SQUARE, FMA)
+        acc = step(acc, c, SQUARE, FMA)
+        return step(acc, d, SQUARE, FMA)
 
     @triton.jit
     def pair_sum(v, BLOCK_R: tl.constexpr, GROUPS: tl.constexpr):
