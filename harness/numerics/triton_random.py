@@ -23,10 +23,6 @@ except ImportError:  # pragma: no cover - exercised where triton is absent (CI's
 BLOCK = 4096
 
 
-def available() -> bool:
-    return triton is not None
-
-
 if triton is not None:
 
     @triton.jit
