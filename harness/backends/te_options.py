@@ -193,6 +193,12 @@ def option_warnings(r: RecipeConfig, m: ModelConfig, b: BackendConfig, te: bool)
             "the 8B slice (tensorwise_fp8attn +0.21 nats after a spike; benchmarks/RESULTS.md); "
             "compare it with a BF16 baseline of your own before relying on it"
         )
+    if r.fp8_lm_head and te:
+        out.append(
+            "recipe.fp8_lm_head=true: the FP8 LM head left the BF16 loss band in lowp's 300-step check on "
+            "the 8B slice (eval +0.002 to +0.011 at steps 250-300, at every seed; benchmarks/RESULTS.md); "
+            "compare it with a BF16 baseline of your own before relying on it"
+        )
     if b.packed_qkv_grad and not te:
         out.append("backend.packed_qkv_grad=true has no effect on a backend other than te")
     elif b.packed_qkv_grad and not packed_qkv_path(m):

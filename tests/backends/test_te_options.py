@@ -200,6 +200,18 @@ def test_fp8_attention_warns_of_its_measured_loss_check(recipe):
     assert not [w for w in warnings_of(*H200_TE, "recipe=tensorwise") if "fp8_dpa" in w]
 
 
+@pytest.mark.parametrize(
+    "recipe", ["tensorwise_fp8head", "tensorwise_fp8head_fastacc", "tensorwise_fp8attn_fp8head"]
+)
+def test_fp8_lm_head_warns_of_its_measured_loss_check(recipe):
+    """The FP8 LM head failed lowp's 300-step loss check on the 8B slice at every seed (RESULTS.md);
+    fast accumulation alone (tensorwise_fastacc) held, so it gets no such warning."""
+    (msg,) = [w for w in warnings_of(*H200_TE, f"recipe={recipe}") if "fp8_lm_head" in w]
+    assert "left the BF16 loss band" in msg and "benchmarks/RESULTS.md" in msg
+    for clean in ("tensorwise", "tensorwise_fastacc"):
+        assert not [w for w in warnings_of(*H200_TE, f"recipe={clean}") if "loss band" in w]
+
+
 FASTACC = ("tensorwise_fastacc", "tensorwise_fp8head_fastacc")
 
 

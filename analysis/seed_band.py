@@ -1,0 +1,126 @@
+"""Does a recipe's loss stay inside the BF16 seed band? Judged on packed curves (benchmarks.curves'
+result files, analysis.collect's), several files at once.
+
+    python -m analysis.seed_band RESULT.json [RESULT.json ...] [--key eval] [--out OUT.json]
+
+Every completed run of recipe bf16 is a seed of the band (one per seed: a seed found in two files
+keeps the first file's run, so list the file of the band's own call first). Every other run is
+judged against the BF16 run of its own seed (same init and data order), with
+analysis.fidelity.criterion: at every logged step, |run - bf16 of its seed| against the mean
+|seed_i - seed_j| over all pairs of BF16 seeds. A recipe holds where every one of its seeds holds;
+the verdict is on `--key` (eval: the held-out loss at every eval point), the other curve's violations
+are reported beside it. Runs without a BF16 run of their seed are listed, not judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from analysis.fidelity import criterion
+
+KEYS = ("eval", "train")
+
+
+def load_runs(paths: list[Path]) -> list[dict]:
+    """The completed runs of the files, in order: {label, file, recipe, seed, eval, train}."""
+    runs = []
+    for path in paths:
+        for label, r in json.loads(Path(path).read_text()).get("runs", {}).items():
+            s = r.get("summary") or {}
+            if s.get("status") != "completed":
+                continue
+            runs.append({"label": label, "file": Path(path).name, "recipe": s["recipe"], "seed": s["seed"]})
+            runs[-1].update({k: r[k] for k in KEYS})
+    return runs
+
+
+def judge(runs: list[dict], key: str = "eval") -> dict:
+    """The band (BF16 seeds) and each other recipe's verdict; see the module docstring."""
+    band: dict[int, dict] = {}
+    for r in runs:
+        if r["recipe"] == "bf16":
+            band.setdefault(r["seed"], r)
+    if len(band) < 2:
+        raise ValueError(f"seed_band: {len(band)} BF16 seed(s) among the runs; the band needs at least 2")
+    seeds = [band[s] for s in sorted(band)]
+    recipes: dict[str, dict] = {}
+    for r in runs:
+        if r["recipe"] == "bf16":
+            continue
+        entry = recipes.setdefault(r["recipe"], {"runs": [], "unpaired": []})
+        if r["seed"] not in band:
+            entry["unpaired"].append(r["label"])
+            continue
+        c = {k: criterion(r, band[r["seed"]], seeds, k) for k in KEYS}
+        entry["runs"].append(
+            {
+                "label": r["label"],
+                "file": r["file"],
+                "seed": r["seed"],
+                "final": {k: r[k][-1][1] for k in KEYS if r[k]},
+                "signed": {k: [[s, v - b] for (s, v), (_, b) in zip(r[k], band[r["seed"]][k])] for k in KEYS},
+                "violations": {k: c[k]["violating_steps_vs_mean_pairwise"] for k in KEYS},
+            }
+        )
+    for entry in recipes.values():
+        entry["runs"].sort(key=lambda x: x["seed"])
+        entry["holds"] = bool(entry["runs"]) and not any(x["violations"][key] for x in entry["runs"])
+    rows = criterion(seeds[0], seeds[1], seeds, key)["rows"]
+    return {
+        "key": key,
+        "bf16_seeds": sorted(band),
+        "band_files": sorted({b["file"] for b in seeds}),
+        "mean_pairwise_gap": [[step, gap] for step, _, _, gap in rows],
+        "recipes": recipes,
+    }
+
+
+def table(result: dict) -> str:
+    key = result["key"]
+    lines = [
+        f"BF16 seeds {result['bf16_seeds']}; mean pairwise gap ({key}): "
+        + " ".join(f"{s}:{g:.4f}" for s, g in result["mean_pairwise_gap"]),
+        f"{'recipe':28s} {'seed':>4s} {'final ' + key:>11s}  {key} - bf16 of its seed"
+        f"{'':18s}violations ({key} / other)",
+    ]
+    other = next(k for k in KEYS if k != key)
+    for name, entry in result["recipes"].items():
+        for x in entry["runs"]:
+            signed = " ".join(f"{d:+.4f}" for _, d in x["signed"][key])
+            v = f"{x['violations'][key] or 'none'} / {x['violations'][other] or 'none'}"
+            lines.append(f"{name:28s} {x['seed']:>4d} {x['final'][key]:11.4f}  {signed}  {v}")
+        verdict = "holds" if entry["holds"] else "FAILS"
+        extra = f" (not judged, no BF16 run of their seed: {entry['unpaired']})" if entry["unpaired"] else ""
+        lines.append(f"{name:28s} {verdict} on {key} at {len(entry['runs'])} seed(s){extra}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path, nargs="+", help="curves result files")
+    p.add_argument("--key", choices=KEYS, default="eval", help="the curve the verdict is on")
+    p.add_argument("--out", type=Path, help="also write the verdicts and per-step differences as JSON")
+    args = p.parse_args(argv)
+    missing = [str(x) for x in args.results if not x.is_file()]
+    if missing:
+        msg = f"error: no such result file: {', '.join(missing)}; pass benchmarks.curves' JSON files"
+        print(msg, file=sys.stderr)
+        return 2
+    try:
+        result = judge(load_runs(args.results), args.key)
+    except ValueError as exc:
+        print(f"error: {exc}; add a file with BF16 runs of at least two seeds", file=sys.stderr)
+        return 2
+    print(table(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+        print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

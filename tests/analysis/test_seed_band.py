@@ -1,0 +1,76 @@
+"""analysis.seed_band: BF16 seeds make the band, every other run is judged against its own seed's BF16 run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis import seed_band
+
+STEPS = (50, 100, 150)
+
+
+def run(recipe: str, seed: int, ev, status: str = "completed") -> dict:
+    return {
+        "summary": {"status": status, "recipe": recipe, "seed": seed},
+        "eval": [[s, v] for s, v in zip(STEPS, ev, strict=True)],
+        "train": [[s, v + 0.01] for s, v in zip(STEPS, ev, strict=True)],
+    }
+
+
+def write(path, runs: dict) -> str:
+    path.write_text(json.dumps({"_meta": {}, "runs": runs}))
+    return str(path)
+
+
+@pytest.fixture
+def files(tmp_path):
+    band = {
+        "bf16_s0": run("bf16", 0, (4.0, 3.5, 3.2)),
+        "bf16_s1": run("bf16", 1, (4.1, 3.6, 3.3)),
+        "bf16_s2": run("bf16", 2, (4.2, 3.4, 3.1)),
+    }
+    # mean pairwise gaps: (.1 + .2 + .1) / 3 = .1333 at 50; (.1 + .1 + .2) / 3 at 100 and 150
+    other = {
+        "bf16_s0": run("bf16", 0, (9.0, 9.0, 9.0)),  # a seed seen before: the first file's run is kept
+        "close_s0": run("close", 0, (4.05, 3.55, 3.25)),
+        "close_s1": run("close", 1, (4.0, 3.6, 3.3)),
+        "far_s0": run("far", 0, (4.0, 3.5, 3.4)),
+        "far_s1": run("far", 1, (4.1, 3.6, 3.3)),
+        "far_s7": run("far", 7, (4.0, 3.5, 3.2)),
+        "dead_s0": run("dead", 0, (9.0, 9.0, 9.0), status="failed"),
+    }
+    return write(tmp_path / "band.json", band), write(tmp_path / "other.json", other)
+
+
+def test_each_run_is_judged_against_the_bf16_run_of_its_seed(files):
+    result = seed_band.judge(seed_band.load_runs(files))
+    assert result["bf16_seeds"] == [0, 1, 2] and result["band_files"] == ["band.json"]
+    assert [g for _, g in result["mean_pairwise_gap"]] == pytest.approx([0.4 / 3, 0.4 / 3, 0.4 / 3])
+    close, far = result["recipes"]["close"], result["recipes"]["far"]
+    assert close["holds"] and [x["violations"]["eval"] for x in close["runs"]] == [[], []]
+    assert [x["seed"] for x in close["runs"]] == [0, 1]
+    assert not far["holds"] and far["runs"][0]["violations"]["eval"] == [150]
+    assert far["runs"][1]["violations"] == {"eval": [], "train": []}
+    assert far["unpaired"] == ["far_s7"] and "dead" not in result["recipes"]
+    assert far["runs"][0]["signed"]["eval"][2] == [150, pytest.approx(0.2)]
+    assert far["runs"][0]["final"]["eval"] == 3.4
+
+
+def test_cli_prints_the_verdicts_and_writes_them(files, tmp_path, capsys):
+    out = tmp_path / "verdicts.json"
+    assert seed_band.main([*files, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "close" in text and "holds on eval at 2 seed(s)" in text
+    assert "far                          FAILS on eval at 2 seed(s)" in text and "far_s7" in text
+    assert json.loads(out.read_text())["recipes"]["far"]["holds"] is False
+
+
+def test_cli_errors_name_the_fix(files, tmp_path, capsys):
+    assert seed_band.main([str(tmp_path / "nope.json")]) == 2
+    assert "no such result file" in capsys.readouterr().err
+    one = write(tmp_path / "one.json", {"bf16_s0": run("bf16", 0, (4.0, 3.5, 3.2))})
+    assert seed_band.main([one]) == 2
+    err = capsys.readouterr().err
+    assert "1 BF16 seed(s)" in err and "at least two seeds" in err and err.count("\n") == 1
