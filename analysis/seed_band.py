@@ -44,8 +44,18 @@ def judge(runs: list[dict], key: str = "eval") -> dict:
         if r["recipe"] == "bf16":
             band.setdefault(r["seed"], r)
     if len(band) < 2:
-        raise ValueError(f"seed_band: {len(band)} BF16 seed(s) among the runs; the band needs at least 2")
+        raise ValueError(
+            f"seed_band: {len(band)} BF16 seed(s) among the runs; the band needs at least 2: add a file "
+            "with BF16 runs of at least two seeds"
+        )
     seeds = [band[s] for s in sorted(band)]
+    for r in runs:
+        for k in KEYS:
+            if [p[0] for p in r[k]] != [p[0] for p in seeds[0][k]]:
+                raise ValueError(
+                    f"seed_band: run {r['label']} ({r['file']}) logs {k} at other steps than BF16 seed "
+                    f"{seeds[0]['seed']}: compare runs of the same steps, eval_interval and log_interval"
+                )
     recipes: dict[str, dict] = {}
     for r in runs:
         if r["recipe"] == "bf16":
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = judge(load_runs(args.results), args.key)
     except ValueError as exc:
-        print(f"error: {exc}; add a file with BF16 runs of at least two seeds", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print(table(result))
     if args.out:

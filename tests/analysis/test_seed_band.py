@@ -74,3 +74,9 @@ def test_cli_errors_name_the_fix(files, tmp_path, capsys):
     assert seed_band.main([one]) == 2
     err = capsys.readouterr().err
     assert "1 BF16 seed(s)" in err and "at least two seeds" in err and err.count("\n") == 1
+    short = run("close", 0, (4.0, 3.5, 3.2))
+    short["eval"] = short["eval"][:2]
+    mixed = write(tmp_path / "mixed.json", {"short_s0": short})
+    assert seed_band.main([files[0], mixed]) == 2
+    err = capsys.readouterr().err
+    assert "run short_s0 (mixed.json) logs eval at other steps" in err and "eval_interval" in err
