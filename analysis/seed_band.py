@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from analysis.fidelity import criterion
+from analysis.fidelity import criterion, criterion_free
 
 KEYS = ("eval", "train")
 
@@ -64,21 +64,22 @@ def judge(runs: list[dict], key: str = "eval") -> dict:
         if r["seed"] not in band:
             entry["unpaired"].append(r["label"])
             continue
-        c = {k: criterion(r, band[r["seed"]], seeds, k) for k in KEYS}
+        bf16 = band[r["seed"]]
+        c = {k: criterion(r, bf16, seeds, k) for k in KEYS}
         entry["runs"].append(
             {
                 "label": r["label"],
                 "file": r["file"],
                 "seed": r["seed"],
                 "final": {k: r[k][-1][1] for k in KEYS if r[k]},
-                "signed": {k: [[s, v - b] for (s, v), (_, b) in zip(r[k], band[r["seed"]][k])] for k in KEYS},
+                "signed": {k: criterion_free(r, bf16, k)["rows"] for k in KEYS},
                 "violations": {k: c[k]["violating_steps_vs_mean_pairwise"] for k in KEYS},
             }
         )
     for entry in recipes.values():
         entry["runs"].sort(key=lambda x: x["seed"])
         entry["holds"] = bool(entry["runs"]) and not any(x["violations"][key] for x in entry["runs"])
-    rows = criterion(seeds[0], seeds[1], seeds, key)["rows"]
+    rows = criterion(seeds[0], seeds[1], seeds, key)["rows"]  # its last column is the seeds' own
     return {
         "key": key,
         "bf16_seeds": sorted(band),

@@ -183,21 +183,23 @@ def _graph_errors(
 
 
 def option_warnings(r: RecipeConfig, m: ModelConfig, b: BackendConfig, te: bool) -> list[str]:
-    """Options that are set but do nothing for this run."""
+    """Options that are set but do nothing for this run, and options that failed a measured loss check."""
     out = []
     if r.fp8_dpa_recipe is not None and not r.fp8_dpa:
         out.append(f"recipe.fp8_dpa_recipe={r.fp8_dpa_recipe} has no effect without recipe.fp8_dpa=true")
     if r.fp8_dpa and te:
         out.append(
-            "recipe.fp8_dpa=true: TE's FP8 attention left the BF16 loss band in lowp's 300-step check on "
-            "the 8B slice (tensorwise_fp8attn +0.21 nats after a spike; benchmarks/RESULTS.md); "
-            "compare it with a BF16 baseline of your own before relying on it"
+            _failed_loss_check(
+                "recipe.fp8_dpa", "TE's FP8 attention", "tensorwise_fp8attn +0.21 nats after a spike"
+            )
         )
     if r.fp8_lm_head and te:
         out.append(
-            "recipe.fp8_lm_head=true: the FP8 LM head left the BF16 loss band in lowp's 300-step check on "
-            "the 8B slice (eval +0.002 to +0.011 at steps 250-300, at every seed; benchmarks/RESULTS.md); "
-            "compare it with a BF16 baseline of your own before relying on it"
+            _failed_loss_check(
+                "recipe.fp8_lm_head",
+                "the FP8 LM head",
+                "eval +0.002 to +0.011 at steps 250-300, at every seed",
+            )
         )
     if b.packed_qkv_grad and not te:
         out.append("backend.packed_qkv_grad=true has no effect on a backend other than te")
@@ -207,6 +209,14 @@ def option_warnings(r: RecipeConfig, m: ModelConfig, b: BackendConfig, te: bool)
             "TE splits q, k, v itself there (without copies in backward)"
         )
     return out
+
+
+def _failed_loss_check(opt: str, what: str, figures: str) -> str:
+    """The warning of an option that failed lowp's measured loss check (benchmarks/RESULTS.md)."""
+    return (
+        f"{opt}=true: {what} left the BF16 loss band in lowp's 300-step check on the 8B slice ({figures}; "
+        "benchmarks/RESULTS.md); compare it with a BF16 baseline of your own before relying on it"
+    )
 
 
 def packed_qkv_path(m: ModelConfig) -> bool:
