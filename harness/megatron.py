@@ -305,6 +305,11 @@ def optimizer_flags(cfg: Config) -> Part:
             "# optimizer.master_weights=false (bf16 params updated in place, no fp32 master copy) has "
             "no Megatron equivalent: with --bf16 Megatron always keeps fp32 main params"
         )
+    if o.step_in_backward:
+        notes.append(
+            "# optimizer.step_in_backward=true has no Megatron equivalent: Megatron steps after backward "
+            "(the same update, without the overlap)"
+        )
     if o.activation_func_fp8_input_store:
         notes.append(
             "# optimizer.activation_func_fp8_input_store=true is a TransformerConfig field with no "

@@ -170,6 +170,10 @@ class Trainer:
         telemetry = self.cfg.telemetry_interval > 0 and step % self.cfg.telemetry_interval == 0
         total = torch.zeros((), device=self.device)
         scale = self.parallel.loss_divisor(self.accum)  # the micro-batch's share of the global mean
+        logs = self.metrics.should_log(step, self.cfg.steps - 1)
+        stepper = self.optimizer.in_backward  # optimizer.step_in_backward: backward steps each param
+        if stepper is not None:
+            stepper.begin(want_norm=logs)
         for micro in range(self.accum):
             self.backend.microbatch(micro, self.accum)
             self.parallel.before_backward(micro, self.accum)
@@ -195,11 +199,13 @@ class Trainer:
         self.dist.sum_([total])  # the global batch's mean loss on every rank
         if self.dist.fsdp:
             total /= self.dist.world
-        # the norm costs a pass over every gradient: only when clipping needs it or this step logs it
-        clip = self.cfg.optimizer.clip_grad
-        logs = self.metrics.should_log(step, self.cfg.steps - 1)
-        grad_norm = clip_grad(self.optimizer, clip) if clip > 0 or logs else None
-        self.optimizer.step()
+        if stepper is not None:
+            grad_norm = stepper.finish()
+        else:
+            # the norm costs a pass over every gradient: only when clipping needs it or this step logs it
+            clip = self.cfg.optimizer.clip_grad
+            grad_norm = clip_grad(self.optimizer, clip) if clip > 0 or logs else None
+            self.optimizer.step()
         self.backend.after_optimizer_step(self.model)
         self.optimizer.zero_grad()
         return total, grad_norm, lr

@@ -391,6 +391,7 @@ class TEBackend(Backend):
                 "fp8_dpa_recipe": self.spec.recipe.fp8_dpa_recipe,
                 "fp8_lm_head": self.spec.recipe.fp8_lm_head,
                 "fp8_fast_accumulation": self.spec.recipe.fp8_fast_accumulation,
+                "step_in_backward": self.spec.optimizer.step_in_backward,
             },
             "mapping_notes": notes,
             "block_recipes": {

@@ -149,6 +149,8 @@ class OptimizerConfig:
     """Reuse the grad buffer for the MXFP8 param all-gather (recommended with mxfp8 + fp8_param)."""
     activation_func_fp8_input_store: bool = False
     """Save the MLP activation input in FP8 (E4M3, unscaled) for backward."""
+    step_in_backward: bool = False
+    """Update each parameter inside backward once its grad is ready, on a side CUDA stream (same numbers)."""
 
 
 @dataclass

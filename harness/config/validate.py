@@ -378,7 +378,41 @@ def support_errors(cfg: Config) -> list[str]:
             "the real ones in TE FusedAdam's master weights: set optimizer.master_weights=true and "
             "optimizer.optimizer_cpu_offload=false"
         )
-    return errs + parallel_errors(cfg)
+    return errs + _in_backward_errors(cfg) + parallel_errors(cfg)
+
+
+def _in_backward_errors(cfg: Config) -> list[str]:
+    """optimizer.step_in_backward: a torch AdamW step per parameter, so nothing global in the step."""
+    o = cfg.optimizer
+    if not o.step_in_backward:
+        return []
+    why = []
+    if uses_te(cfg) and o.master_weights:
+        why.append(
+            "backend=te keeps fp32 masters in TE FusedAdam, which steps all tensors at once: set "
+            "optimizer.master_weights=false (optimizer=bf16_params)"
+        )
+    if o.use_precision_aware_optimizer or o.optimizer_cpu_offload:
+        why.append(
+            "the precision-aware and CPU-offload optimizers step all tensors at once: set "
+            "optimizer.use_precision_aware_optimizer=false and optimizer.optimizer_cpu_offload=false"
+        )
+    if o.clip_grad > 0:
+        why.append(
+            f"optimizer.clip_grad={o.clip_grad} needs the global grad norm before any update: set "
+            "optimizer.clip_grad=0"
+        )
+    accumulation = cfg.global_batch_size // max(cfg.micro_batch_size * world_size(), 1)
+    if accumulation != 1:
+        why.append(
+            f"{accumulation} micro-batches a step would update after the first: set global_batch_size = "
+            "micro_batch_size"
+        )
+    if world_size() > 1 or cfg.parallel.strategy != "none":
+        why.append("data parallelism reduces the gradients after backward: use one process, parallel=none")
+    if cfg.backend.cuda_graphs:
+        why.append("the graphed blocks' backward is replayed whole: set backend.cuda_graphs=false")
+    return [f"optimizer.step_in_backward=true: {w}" for w in why]
 
 
 def parallel_errors(cfg: Config) -> list[str]:

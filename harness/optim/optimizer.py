@@ -9,6 +9,8 @@ accumulated by hooks) and what the states are made of:
   fp32/fp16/bf16/fp8 moments (Megatron's precision-aware optimizer), fp32 main grads by default;
   `master_weights=false` is the anchor script's setup (torch fused AdamW on the bf16 parameters);
   `optimizer_cpu_offload` keeps master weights, states and the step on the host.
+
+`step_in_backward` runs a torch AdamW's update per parameter inside backward (in_backward.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from harness.config.schema import OptimizerConfig
+from harness.optim.in_backward import StepInBackward
 from harness.optim.main_grads import MainGrads
 from harness.optim.offload import CpuOffloadAdamW
 from harness.optim.te_fused_adam import fused_adam_batched_fp8_states, te_fused_adam
@@ -64,9 +67,15 @@ class Optimizer:
     """The training loop's view of any optimizer: grads(), step(), zero_grad(), memory_bytes()."""
 
     def __init__(
-        self, inner, params: list[nn.Parameter], main_grads: MainGrads | None = None, decoupled: bool = False
+        self,
+        inner,
+        params: list[nn.Parameter],
+        main_grads: MainGrads | None = None,
+        decoupled: bool = False,
+        in_backward: StepInBackward | None = None,
     ):
         self.inner, self.params, self.main_grads, self.decoupled = inner, params, main_grads, decoupled
+        self.in_backward = in_backward  # set: backward itself steps (step() is never called)
 
     @property
     def param_groups(self):
@@ -147,9 +156,9 @@ def build_optimizer(
                 **hp,
             )
             return Optimizer(inner, params)
-        return Optimizer(torch.optim.AdamW(groups, fused=device.type == "cuda", **hp), params)
+        return _torch_adamw(groups, params, cfg, device, fused=device.type == "cuda", **hp)
     if not cfg.master_weights:  # the anchor script's setup: bf16 parameters, no fp32 copy
-        return Optimizer(torch.optim.AdamW(groups, fused=True, **hp), params)
+        return _torch_adamw(groups, params, cfg, device, fused=True, **hp)
     main_grads = MainGrads(params) if cfg.main_grads_dtype == "fp32" else None
     if cfg.optimizer_cpu_offload:
         return Optimizer(CpuOffloadAdamW(groups, cfg), params, main_grads)
@@ -171,6 +180,12 @@ def build_optimizer(
         **hp,
     )
     return Optimizer(inner, params, main_grads)
+
+
+def _torch_adamw(groups, params, cfg: OptimizerConfig, device, **kw) -> Optimizer:
+    inner = torch.optim.AdamW(groups, **kw)
+    stepper = StepInBackward(inner, params, device) if cfg.step_in_backward else None
+    return Optimizer(inner, params, in_backward=stepper)
 
 
 def lr_at(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
