@@ -293,6 +293,22 @@ def _fp8_head(base: RecipeSpec) -> RecipeSpec:
 _SPECS += tuple(_fp8_head(s) for s in _SPECS if s.name in ("tensorwise", "tensorwise_fp8attn"))
 
 
+def _fp8_head_backward(base: RecipeSpec) -> RecipeSpec:
+    """`base` with its LM head's dgrad and wgrad in FP8, its logits GEMM in BF16
+    (recipe.fp8_lm_head_fprop=false): a recipe of its own, as it changes numerics."""
+    assert base.te_recipe_class == "Float8CurrentScaling", base.name
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}_fp8headbwd",
+        summary=f"{base.summary}; the LM head's dgrad and wgrad GEMMs in FP8 too (its logits in BF16)",
+        te_only=True,
+        defaults={**base.defaults, "fp8_lm_head": True, "fp8_lm_head_fprop": False},
+    )
+
+
+_SPECS += (_fp8_head_backward(_BY_NAME["tensorwise"]),)
+
+
 def _fast_accumulation(base: RecipeSpec) -> RecipeSpec:
     """`base` with FP8 fast accumulation in dgrad and wgrad too (recipe.fp8_fast_accumulation=all):
     a recipe of its own, as it changes numerics. TE takes it per GEMM in Float8CurrentScaling only."""
@@ -306,7 +322,11 @@ def _fast_accumulation(base: RecipeSpec) -> RecipeSpec:
     )
 
 
-_SPECS += tuple(_fast_accumulation(s) for s in _SPECS if s.name in ("tensorwise", "tensorwise_fp8head"))
+_SPECS += tuple(
+    _fast_accumulation(s)
+    for s in _SPECS
+    if s.name in ("tensorwise", "tensorwise_fp8head", "tensorwise_fp8headbwd")
+)
 REGISTRY: dict[str, RecipeSpec] = {s.name: s for s in _SPECS}
 BASELINE = "bf16"
 """The unquantized recipe: what a module runs where the precision plan quantizes nothing."""

@@ -86,6 +86,8 @@ def test_native_recipes_by_compute_capability():
         "tensorwise_fp8attn_fp8head",
         "tensorwise_fastacc",
         "tensorwise_fp8head_fastacc",
+        "tensorwise_fp8headbwd",
+        "tensorwise_fp8headbwd_fastacc",
     }
     assert set(recipes.native_on(9.0)) == hopper
     assert {"mxfp8", "nvfp4"} <= set(recipes.native_on(10.0))

@@ -2,7 +2,8 @@
 
 Blocks are fused `te.TransformerLayer`s (LayerNormLinear QKV, fused attention, LayerNormMLP); the
 embeddings, final norm and LM head are plain PyTorch in BF16 (the LM head is quantized only by the
-*_fp8head recipes, recipe.fp8_lm_head: then it is a te.Linear under the same autocast). The TE
+*_fp8head recipes, recipe.fp8_lm_head: then it is a te.Linear under the same autocast; the
+*_fp8headbwd recipes keep its logits BF16 and run its backward GEMMs in FP8, te_lm_head.py). The TE
 recipe object is built from config with every field set explicitly; the `NVTE_*` variables TE reads
 at import are set from config before TE is imported (validation already refused a conflicting
 environment). First/last-N BF16 blocks run inside a nested `te.autocast(enabled=False)`, as
@@ -110,15 +111,21 @@ def qkv_with_bias(te, m: ModelConfig, fuse_wgrad: bool, std: float) -> nn.Module
 
 class TEOps:
     """Only the LM head is built through ops: plain BF16 nn.Linear (never quantized), or with
-    recipe.fp8_lm_head a te.Linear that the step's autocast quantizes like the blocks' linears."""
+    recipe.fp8_lm_head a te.Linear that the step's autocast quantizes like the blocks' linears, or
+    with recipe.fp8_lm_head_fprop=false a BF16 head whose backward GEMMs run in FP8 (te_lm_head.py)."""
 
-    def __init__(self, fp8_lm_head: bool = False, fuse_wgrad: bool = False, std: float = 0.02):
-        self.fp8_lm_head, self.fuse_wgrad, self.std = fp8_lm_head, fuse_wgrad, std
+    def __init__(self, recipe: RecipeConfig, fuse_wgrad: bool = False, std: float = 0.02):
+        self.recipe, self.fuse_wgrad, self.std = recipe, fuse_wgrad, std
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
         assert name == "lm_head", name
-        if not self.fp8_lm_head:
+        if not self.recipe.fp8_lm_head:
             return nn.Linear(in_features, out_features, bias=bias)
+        if not self.recipe.fp8_lm_head_fprop:
+            from harness.backends.te_lm_head import FP8BackwardHead
+
+            assert not bias, "the GPT LM head has no bias"
+            return FP8BackwardHead(in_features, out_features, self.recipe, self.std)
         import transformer_engine.pytorch as te
 
         return te.Linear(
@@ -208,7 +215,7 @@ class TEBackend(Backend):
         if spec.options.packed_qkv_grad:
             for block in blocks:
                 install_packed_qkv_grad(block.layer)
-        ops = TEOps(spec.recipe.fp8_lm_head, spec.fuse_wgrad_fp32, m.init_method_std)
+        ops = TEOps(spec.recipe, spec.fuse_wgrad_fp32, m.init_method_std)
         model = TEGPT(m, ops, blocks=blocks)
         model.rope_emb = None
         if m.position_embedding == "rope":
@@ -284,8 +291,12 @@ class TEBackend(Backend):
 
         for i, block in enumerate(model.blocks):
             block.layer.register_forward_pre_hook(probe(f"blocks.{i}"))
-        if self.spec.recipe.fp8_lm_head:
+        if self._te_head():
             model.lm_head.register_forward_pre_hook(probe("lm_head"))
+
+    def _te_head(self) -> bool:
+        """The LM head is a te.Linear under the step's autocast (its logits GEMM in FP8)."""
+        return self.spec.recipe.fp8_lm_head and self.spec.recipe.fp8_lm_head_fprop
 
     def verify_active(self, model: nn.Module, step: int) -> None:
         """Each block ran with the quantization state the plan says; delayed scales moved off 1.0."""
@@ -300,7 +311,7 @@ class TEBackend(Backend):
                     f"blocks.{i} ran with TE quantization enabled={enabled} but the plan says "
                     f"{want}: the recipe is not what the config asked for"
                 )
-        if self.spec.recipe.fp8_lm_head and not self._seen.get("lm_head", (False,))[0]:
+        if self._te_head() and not self._seen.get("lm_head", (False,))[0]:
             raise RuntimeError(
                 f"recipe={self.spec.recipe.name}: the LM head ran without TE quantization "
                 f"({self._seen.get('lm_head')}): recipe.fp8_lm_head is not in effect"
@@ -390,6 +401,7 @@ class TEBackend(Backend):
                 "fp8_mha": self.spec.recipe.fp8_mha,
                 "fp8_dpa_recipe": self.spec.recipe.fp8_dpa_recipe,
                 "fp8_lm_head": self.spec.recipe.fp8_lm_head,
+                "fp8_lm_head_fprop": self.spec.recipe.fp8_lm_head_fprop,
                 "fp8_fast_accumulation": self.spec.recipe.fp8_fast_accumulation,
                 "step_in_backward": self.spec.optimizer.step_in_backward,
             },

@@ -9,6 +9,8 @@
   (NVTE_DPA_FP8_RECIPE=DelayedScaling). The emulated backend quantizes GEMM operands only.
 - FP8 LM head (`recipe.fp8_lm_head`, the *_fp8head recipes): the head as a te.Linear under the
   recipe; TE's FP8 GEMM needs dims divisible by 16 (utils.assert_dim_for_fp8_exec); untied, whole.
+  With `recipe.fp8_lm_head_fprop=false` (the *_fp8headbwd recipes) only its dgrad and wgrad run in
+  FP8, on current-scaling operands (te_lm_head.py), under the same rules.
 - FP8 fast accumulation in the backward GEMMs (`recipe.fp8_fast_accumulation=all`, the *_fastacc
   recipes): Float8CurrentScaling's fp8_gemm_dgrad/fp8_gemm_wgrad MMParams (the other TE recipe
   classes take no per-GEMM setting: DelayedScaling has none, Float8BlockScaling asserts the split
@@ -91,7 +93,14 @@ def option_errors(
     return errs
 
 
-FP8_HEAD_RECIPES = tuple(n for n in recipes.names() if recipes.get(n).defaults.get("fp8_lm_head"))
+FP8_HEAD_RECIPES = tuple(
+    n
+    for n in recipes.names()
+    if recipes.get(n).defaults.get("fp8_lm_head") and recipes.get(n).defaults.get("fp8_lm_head_fprop", True)
+)
+FP8_HEAD_BACKWARD_RECIPES = tuple(
+    n for n in recipes.names() if recipes.get(n).defaults.get("fp8_lm_head_fprop", True) is False
+)
 
 
 def _own_recipe(r: RecipeConfig, opt: str, what: str, suffix: str, having: tuple[str, ...]) -> list[str]:
@@ -107,14 +116,30 @@ def _own_recipe(r: RecipeConfig, opt: str, what: str, suffix: str, having: tuple
 
 def _lm_head_errors(r: RecipeConfig, m: ModelConfig, te: bool) -> list[str]:
     """recipe.fp8_lm_head: a te.Linear under the recipe (TE's FP8 GEMM: assert_dim_for_fp8_exec)."""
+    spec = recipes.get(r.name)
+    if not r.fp8_lm_head_fprop and not (r.fp8_lm_head and spec.defaults.get("fp8_lm_head")):
+        if spec.defaults.get("fp8_lm_head_fprop", True) is False:
+            return [
+                f"recipe.fp8_lm_head=false with recipe={r.name}: the recipe is its FP8 LM head; use "
+                f"recipe={r.name.replace('_fp8headbwd', '')} for a BF16 head"
+            ]
+        what, variant = "an LM head with FP8 backward GEMMs", "_fp8headbwd"
+        return _own_recipe(r, "recipe.fp8_lm_head_fprop=false", what, variant, FP8_HEAD_BACKWARD_RECIPES)
     if not r.fp8_lm_head:
         return []
-    spec = recipes.get(r.name)
     if not spec.defaults.get("fp8_lm_head"):
         return _own_recipe(r, "recipe.fp8_lm_head=true", "an FP8 LM head", "_fp8head", FP8_HEAD_RECIPES)
+    if spec.defaults.get("fp8_lm_head_fprop", True) != r.fp8_lm_head_fprop:
+        variant = r.name.replace("_fp8headbwd", "_fp8head") if r.fp8_lm_head_fprop else None
+        return [
+            f"recipe.fp8_lm_head_fprop={str(r.fp8_lm_head_fprop).lower()} with recipe={r.name}: where the "
+            "logits GEMM runs changes numerics, so it is a recipe of its own; use recipe="
+            + (variant or f"{r.name.replace('_fp8head', '_fp8headbwd')}")
+        ]
     why = []
     if not te:
-        why.append("the LM head becomes a te.Linear: use backend=te")
+        head = "a te.Linear" if r.fp8_lm_head_fprop else "TE's FP8 GEMMs in its backward"
+        why.append(f"the LM head becomes {head}: use backend=te")
     if not m.untie_embeddings_and_output_weights:
         why.append(
             "a tied LM head is the embedding matrix, which TE does not quantize: set "
@@ -193,7 +218,7 @@ def option_warnings(r: RecipeConfig, m: ModelConfig, b: BackendConfig, te: bool)
                 "recipe.fp8_dpa", "TE's FP8 attention", "tensorwise_fp8attn +0.21 nats after a spike"
             )
         )
-    if r.fp8_lm_head and te:
+    if r.fp8_lm_head and r.fp8_lm_head_fprop and te:
         out.append(
             _failed_loss_check(
                 "recipe.fp8_lm_head",

@@ -61,6 +61,9 @@ class RecipeConfig:
     fp8_lm_head: bool = False
     """The LM head as a te.Linear under the recipe: its three GEMMs in FP8 (Megatron's output layer is
     never TE, so never FP8). backend=te only, changes numerics: the *_fp8head recipes set it."""
+    fp8_lm_head_fprop: bool = True
+    """With fp8_lm_head: the logits GEMM in FP8 too; false = BF16 logits, the head's dgrad and wgrad
+    in FP8 (current scaling, the recipe's formats and accumulation): the *_fp8headbwd recipes."""
     fp8_dpa_recipe: str | None = None
     """The recipe attention quantizes with (TE's NVTE_DPA_FP8_RECIPE): null = the linears' own;
     delayed = TE DelayedScaling (what FP8 attention under tensorwise needs below compute capability

@@ -178,6 +178,35 @@ def test_fp8_lm_head_is_never_folded_into_another_recipe():
     assert "recipe.fp8_lm_head=true with recipe=delayed: only" in msg
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise_fp8headbwd", "tensorwise_fp8headbwd_fastacc"])
+def test_fp8_head_backward_recipes_are_valid_on_hopper_with_te(recipe):
+    from harness.config.validate import validate
+
+    cfg = compose_cfg(*H200_TE, f"recipe={recipe}")
+    assert cfg.recipe.fp8_lm_head is True and cfg.recipe.fp8_lm_head_fprop is False
+    assert cfg.recipe.fp8_fast_accumulation == ("all" if recipe.endswith("_fastacc") else "fprop")
+    validate(cfg)
+    msg = error_of("hardware=h200", "backend=emulated", f"recipe={recipe}")
+    assert "TE's FP8 GEMMs in its backward: use backend=te" in msg
+    # the loss-check warning of the FP8-logits head is not this head's
+    assert not [w for w in warnings_of(*H200_TE, f"recipe={recipe}") if "fp8_lm_head" in w]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "field", "words"),
+    [
+        ("tensorwise", "recipe.fp8_lm_head_fprop=false", "use recipe=tensorwise_fp8headbwd"),
+        ("tensorwise_fp8head", "recipe.fp8_lm_head_fprop=false", "use recipe=tensorwise_fp8headbwd"),
+        ("tensorwise_fp8headbwd", "recipe.fp8_lm_head_fprop=true", "use recipe=tensorwise_fp8head"),
+        ("tensorwise_fp8headbwd", "recipe.fp8_lm_head=false", "use recipe=tensorwise for a BF16 head"),
+        ("delayed", "recipe.fp8_lm_head_fprop=false", "only ['tensorwise_fp8headbwd'"),
+    ],
+)
+def test_fp8_head_backward_is_never_folded_into_another_recipe(recipe, field, words):
+    msg = error_of(*H200_TE, f"recipe={recipe}", field)
+    assert words in msg, msg
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
@@ -233,7 +262,10 @@ def test_fast_accumulation_recipes_are_valid_on_hopper_with_te_only(recipe):
     [
         ("tensorwise", "changes numerics, so it is a recipe of its own; use recipe=tensorwise_fastacc"),
         ("tensorwise_fp8head", "use recipe=tensorwise_fp8head_fastacc"),
-        ("tensorwise_fp8attn", "only ['tensorwise_fastacc', 'tensorwise_fp8head_fastacc'] have it"),
+        (
+            "tensorwise_fp8attn",
+            "only ['tensorwise_fastacc', 'tensorwise_fp8head_fastacc', 'tensorwise_fp8headbwd_fastacc']",
+        ),
         (
             "delayed",
             "only TE's Float8CurrentScaling sets the accumulation per GEMM and delayed builds DelayedScaling",

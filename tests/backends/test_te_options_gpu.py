@@ -182,3 +182,64 @@ def test_fast_accumulation_changes_the_backward_only_and_trains(tmp_path):
     provenance = json.loads((tmp_path / "run.json").read_text())["provenance"]
     assert provenance["speed_options"]["fp8_fast_accumulation"] == "all"
     assert "fp8_gemm_wgrad=MMParams(use_split_accumulator=False)" in provenance["recipe_repr"]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("recipe", ["tensorwise_fp8headbwd", "tensorwise_fp8headbwd_fastacc"])
+def test_fp8_backward_head_multiplies_te_fp8_operands(recipe):
+    """The *_fp8headbwd head: its logits are the BF16 GEMM's to the bit; its dx and dW are the
+    products of TE's current-scaling operands (E5M2 gradient, E4M3 weight and input), so they sit
+    far closer to those dequantized operands' fp32 product than to the BF16 gradients."""
+    import torch.nn.functional as F
+    import transformer_engine_torch as tex
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
+
+    from harness.backends.te_lm_head import FP8BackwardHead
+
+    torch.manual_seed(0)
+    head = FP8BackwardHead(256, 1024, compose_cfg(f"recipe={recipe}").recipe, 0.02)
+    x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = head(x)
+    assert torch.equal(out, F.linear(x, head.weight))
+    dy = torch.randn_like(out) * 1e-3
+    out.backward(dy)
+
+    def deq(t, fmt):
+        q = Float8CurrentScalingQuantizer(fmt, t.device, rowwise=True, columnwise=True)
+        return q(t.contiguous()).dequantize(dtype=torch.float32)
+
+    dy_q = deq(dy.reshape(-1, 1024), tex.DType.kFloat8E5M2)
+    e4m3 = tex.DType.kFloat8E4M3
+    w_q, x_q = deq(head.weight, e4m3), deq(x.detach().reshape(-1, 256), e4m3)
+    dx, dw = x.grad.reshape(-1, 256), head.weight.grad
+    dy32, w32, x32 = dy.reshape(-1, 1024).float(), head.weight.float(), x.detach().reshape(-1, 256).float()
+    assert _rel(dx, dy_q @ w_q) < 0.25 * _rel(dx, dy32 @ w32), (_rel(dx, dy_q @ w_q), _rel(dx, dy32 @ w32))
+    assert _rel(dw, dy_q.t() @ x_q) < 0.25 * _rel(dw, dy32.t() @ x32)
+    assert _rel(dx, dy_q @ w_q) < 1e-2 and _rel(dw, dy_q.t() @ x_q) < 1e-2
+
+
+@needs_cuda
+@needs_te
+def test_fp8_backward_head_trains_and_reports_bf16_logits(tmp_path):
+    """tensorwise_fp8headbwd: the first loss is tensorwise's on the same batch (BF16 logits), the
+    head's gradient is not (FP8 dgrad/wgrad), and 50 steps train."""
+    import json
+
+    from harness.train import run
+
+    common = (*GPU_TINY, "backend=te", "seed=9")
+    loss_tw, g_tw, _ = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise"))
+    loss_hb, g_hb, trainer = _grads_after_one_step(compose_cfg(*common, "recipe=tensorwise_fp8headbwd"))
+    trainer.backend.verify_active(trainer.model, 0)
+    assert torch.equal(loss_tw, loss_hb)
+    assert not torch.equal(g_tw["lm_head.weight"], g_hb["lm_head.weight"])
+    assert _rel(g_hb["lm_head.weight"], g_tw["lm_head.weight"]) < 0.2
+    s = run(compose_cfg(*common, "recipe=tensorwise_fp8headbwd", "steps=50"), tmp_path)
+    assert s.status == "completed" and math.isfinite(s.final_train_loss) and s.final_train_loss < 5.4
+    run_json = json.loads((tmp_path / "run.json").read_text())
+    assert run_json["provenance"]["speed_options"]["fp8_lm_head_fprop"] is False
