@@ -50,15 +50,15 @@ class _FP8BackwardLinear(torch.autograd.Function):
         head: FP8BackwardHead = ctx.head
         operand, grad_format = head.formats
 
-        def quantize(t, fmt, rowwise):
-            q = Float8CurrentScalingQuantizer(fmt, t.device, rowwise=rowwise, columnwise=True, **head.scaling)
+        def quantize(t, fmt):
+            q = Float8CurrentScalingQuantizer(fmt, t.device, rowwise=True, columnwise=True, **head.scaling)
             return q(t)
 
         x2 = x.reshape(-1, x.shape[-1])  # (N, C)
-        dy_q = quantize(dy.reshape(-1, dy.shape[-1]).contiguous(), grad_format, rowwise=True)  # (N, V)
+        dy_q = quantize(dy.reshape(-1, dy.shape[-1]).contiguous(), grad_format)  # (N, V)
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            w_q = quantize(weight, operand, rowwise=True)
+            w_q = quantize(weight, operand)
             dx = general_gemm(
                 w_q,
                 dy_q,
@@ -68,7 +68,7 @@ class _FP8BackwardLinear(torch.autograd.Function):
                 use_split_accumulator=head.split_accumulator,
             )[0].view_as(x)
         if ctx.needs_input_grad[1]:
-            x_q = quantize(x2.contiguous(), operand, rowwise=False)
+            x_q = quantize(x2.contiguous(), operand)  # both copies: TE 2.20 has no columnwise-only cast
             dw = general_gemm(
                 x_q,
                 dy_q,
