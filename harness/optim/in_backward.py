@@ -13,6 +13,8 @@ reduced in `torch.nn.utils.get_total_norm`'s order, so the logged value is the s
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn as nn
 from torch.optim.adam import adam
@@ -28,8 +30,11 @@ class StepInBackward:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.norms: dict[nn.Parameter, torch.Tensor] | None = None
         self.updated = 0
+        # the hook holds the stepper weakly: a tensor's hooks live in C++, where the garbage
+        # collector cannot see a param -> hook -> stepper -> param cycle (the model would leak)
+        me = weakref.ref(self)
         for p in params:
-            p.register_post_accumulate_grad_hook(self._hook)
+            p.register_post_accumulate_grad_hook(lambda p: (s := me()) is not None and s._hook(p))
 
     def begin(self, want_norm: bool) -> None:
         """Before the step's backward: whether this step's grad norm is wanted (a log step)."""

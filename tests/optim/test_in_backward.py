@@ -58,3 +58,16 @@ def test_step_in_backward_on_te_needs_bf16_params():
     te = ["backend=te", "hardware=h200", "backend.te_version=2.20.2", "optimizer.clip_grad=0"]
     msg = error_of(*TINY, *te, "optimizer.step_in_backward=true")
     assert "optimizer.master_weights=false" in msg
+
+
+def test_the_stepper_does_not_keep_the_model_alive(tmp_path):
+    """Its hooks live on the params in C++, out of the garbage collector's sight: they hold it weakly."""
+    import gc
+    import weakref
+
+    trainer = _trainer(tmp_path, "optimizer.step_in_backward=true")
+    trainer.train_step(0)
+    model, stepper = weakref.ref(trainer.model), weakref.ref(trainer.optimizer.in_backward)
+    del trainer
+    gc.collect()
+    assert model() is None and stepper() is None
