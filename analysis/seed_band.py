@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -32,9 +33,17 @@ def load_runs(paths: list[Path]) -> list[dict]:
             s = r.get("summary") or {}
             if s.get("status") != "completed":
                 continue
-            runs.append({"label": label, "file": Path(path).name, "recipe": s["recipe"], "seed": s["seed"]})
+            arm = _arm(label, s["recipe"])
+            runs.append({"label": label, "file": Path(path).name, "recipe": arm, "seed": s["seed"]})
             runs[-1].update({k: r[k] for k in KEYS})
     return runs
+
+
+def _arm(label: str, recipe: str) -> str:
+    """The arm a run belongs to: its recipe, or its label without the seed suffix where that names a
+    variant of the recipe (a field override, e.g. `tensorwise_fp8headbwd_fastacc_e4m3grad_s0`)."""
+    stem = re.sub(r"_s\d+$", "", label)
+    return stem if stem.startswith(f"{recipe}_") else recipe
 
 
 def judge(runs: list[dict], key: str = "eval") -> dict:

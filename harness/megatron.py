@@ -101,6 +101,7 @@ _ATTENTION_FIELDS = {
 _LOWP_ONLY_FIELDS = {
     "fp8_lm_head",  # Megatron's output layer is never FP8
     "fp8_lm_head_fprop",
+    "fp8_lm_head_grad_format",
     "fp8_fast_accumulation",  # Megatron builds Float8CurrentScaling with TE's default MMParams
 }
 _HISTORY_FIELDS = {"fp8_amax_history_len", "fp8_amax_compute_algo"}

@@ -402,6 +402,7 @@ class TEBackend(Backend):
                 "fp8_dpa_recipe": self.spec.recipe.fp8_dpa_recipe,
                 "fp8_lm_head": self.spec.recipe.fp8_lm_head,
                 "fp8_lm_head_fprop": self.spec.recipe.fp8_lm_head_fprop,
+                "fp8_lm_head_grad_format": self.spec.recipe.fp8_lm_head_grad_format,
                 "fp8_fast_accumulation": self.spec.recipe.fp8_fast_accumulation,
                 "step_in_backward": self.spec.optimizer.step_in_backward,
             },

@@ -4,8 +4,9 @@ The logits GEMM is the BF16 one every other recipe runs, so the loss the model r
 quantized; the head's dgrad (dx = dy W) and wgrad (dW = dy^T x) run on TE's current-scaling FP8
 operands through TE's own GEMM, as TE's Linear backward does them (module/linear.py: the same
 quantizer usages, `general_gemm` layouts NN and NT): the gradient in the recipe's backward format
-(E5M2 under hybrid), the weight and the input in E4M3, each with its own per-tensor amax scale, and
-the recipe's accumulation (recipe.fp8_fast_accumulation). TE is imported when the head is built.
+(E5M2 under hybrid; E4M3 with recipe.fp8_lm_head_grad_format=e4m3), the weight and the input in
+E4M3, each with its own per-tensor amax scale, and the recipe's accumulation
+(recipe.fp8_fast_accumulation). TE is imported when the head is built.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class FP8BackwardHead(nn.Linear):
         nn.init.normal_(self.weight, 0.0, std)
         import transformer_engine_torch as tex
 
-        grad = tex.DType.kFloat8E5M2 if r.fp8 == "hybrid" else tex.DType.kFloat8E4M3
+        e5m2 = r.fp8 == "hybrid" and r.fp8_lm_head_grad_format != "e4m3"
+        grad = tex.DType.kFloat8E5M2 if e5m2 else tex.DType.kFloat8E4M3
         self.formats = (tex.DType.kFloat8E4M3, grad)  # (weight and input, gradient)
         self.scaling = {"force_pow_2_scales": r.power_2_scales, "amax_epsilon": r.amax_epsilon}
         self.split_accumulator = r.fp8_fast_accumulation != "all"

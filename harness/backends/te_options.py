@@ -125,6 +125,17 @@ def _lm_head_errors(r: RecipeConfig, m: ModelConfig, te: bool) -> list[str]:
             ]
         what, variant = "an LM head with FP8 backward GEMMs", "_fp8headbwd"
         return _own_recipe(r, "recipe.fp8_lm_head_fprop=false", what, variant, FP8_HEAD_BACKWARD_RECIPES)
+    if r.fp8_lm_head_grad_format not in (None, "e4m3", "e5m2"):
+        return [f"recipe.fp8_lm_head_grad_format={r.fp8_lm_head_grad_format}: use null, e4m3 or e5m2"]
+    if r.fp8_lm_head_grad_format is not None and (not r.fp8_lm_head or r.fp8_lm_head_fprop):
+        return [
+            f"recipe.fp8_lm_head_grad_format={r.fp8_lm_head_grad_format} with recipe={r.name}: only the "
+            f"FP8-backward head takes it; use one of {list(FP8_HEAD_BACKWARD_RECIPES)}"
+        ]
+    if r.fp8_lm_head_grad_format == "e5m2" and r.fp8 != "hybrid":
+        return [
+            f"recipe.fp8_lm_head_grad_format=e5m2 with recipe.fp8={r.fp8}: E5M2 gradients need fp8=hybrid"
+        ]
     if not r.fp8_lm_head:
         return []
     if not spec.defaults.get("fp8_lm_head"):

@@ -64,6 +64,9 @@ class RecipeConfig:
     fp8_lm_head_fprop: bool = True
     """With fp8_lm_head: the logits GEMM in FP8 too; false = BF16 logits, the head's dgrad and wgrad
     in FP8 (current scaling, the recipe's formats and accumulation): the *_fp8headbwd recipes."""
+    fp8_lm_head_grad_format: str | None = None
+    """The *_fp8headbwd head's gradient format: null = the recipe's backward format (E5M2 under
+    hybrid), e4m3 (one more mantissa bit, less range; the blocks keep the recipe's)."""
     fp8_dpa_recipe: str | None = None
     """The recipe attention quantizes with (TE's NVTE_DPA_FP8_RECIPE): null = the linears' own;
     delayed = TE DelayedScaling (what FP8 attention under tensorwise needs below compute capability

@@ -80,3 +80,14 @@ def test_cli_errors_name_the_fix(files, tmp_path, capsys):
     assert seed_band.main([files[0], mixed]) == 2
     err = capsys.readouterr().err
     assert "run short_s0 (mixed.json) logs eval at other steps" in err and "eval_interval" in err
+
+
+def test_a_field_override_is_its_own_arm():
+    from analysis.seed_band import _arm
+
+    assert _arm("tensorwise_fp8headbwd_fastacc_e4m3grad_s0", "tensorwise_fp8headbwd_fastacc") == (
+        "tensorwise_fp8headbwd_fastacc_e4m3grad"
+    )
+    assert _arm("tensorwise_fastacc_s2", "tensorwise_fastacc") == "tensorwise_fastacc"
+    assert _arm("tensorwise", "tensorwise") == "tensorwise"
+    assert _arm("bf16_s3", "bf16") == "bf16"

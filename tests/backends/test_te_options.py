@@ -207,6 +207,19 @@ def test_fp8_head_backward_is_never_folded_into_another_recipe(recipe, field, wo
     assert words in msg, msg
 
 
+def test_fp8_head_grad_format_rules():
+    from harness.config.validate import validate
+
+    validate(
+        compose_cfg(*H200_TE, "recipe=tensorwise_fp8headbwd_fastacc", "recipe.fp8_lm_head_grad_format=e4m3")
+    )
+    msg = error_of(*H200_TE, "recipe=tensorwise_fp8head", "recipe.fp8_lm_head_grad_format=e4m3")
+    assert "only the FP8-backward head takes it" in msg
+    assert "use null, e4m3 or e5m2" in error_of(
+        *H200_TE, "recipe=tensorwise_fp8headbwd", "recipe.fp8_lm_head_grad_format=x"
+    )
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
