@@ -125,7 +125,7 @@ class TEOps:
             from harness.backends.te_lm_head import FP8BackwardHead
 
             assert not bias, "the GPT LM head has no bias"
-            return FP8BackwardHead(in_features, out_features, self.recipe, self.std)
+            return FP8BackwardHead(in_features, out_features, self.recipe)
         import transformer_engine.pytorch as te
 
         return te.Linear(

@@ -21,9 +21,10 @@ from harness.config.schema import RecipeConfig
 class FP8BackwardHead(nn.Linear):
     """nn.Linear (no bias) whose backward GEMMs run in FP8 with current scaling."""
 
-    def __init__(self, in_features: int, out_features: int, r: RecipeConfig, std: float):
-        super().__init__(in_features, out_features, bias=False, device="cuda", dtype=torch.bfloat16)
-        nn.init.normal_(self.weight, 0.0, std)
+    def __init__(self, in_features: int, out_features: int, r: RecipeConfig):
+        # built on the CPU in fp32 like the BF16 head (the model moves it): the same random draws,
+        # so a run starts from the weights of the BF16 run of its seed
+        super().__init__(in_features, out_features, bias=False)
         import transformer_engine_torch as tex
 
         e5m2 = r.fp8 == "hybrid" and r.fp8_lm_head_grad_format != "e4m3"

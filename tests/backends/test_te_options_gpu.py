@@ -202,7 +202,7 @@ def test_fp8_backward_head_multiplies_te_fp8_operands(recipe):
     from harness.backends.te_lm_head import FP8BackwardHead
 
     torch.manual_seed(0)
-    head = FP8BackwardHead(256, 1024, compose_cfg(f"recipe={recipe}").recipe, 0.02)
+    head = FP8BackwardHead(256, 1024, compose_cfg(f"recipe={recipe}").recipe).to("cuda", torch.bfloat16)
     x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     out = head(x)
     assert torch.equal(out, F.linear(x, head.weight))
