@@ -268,12 +268,7 @@ class GPT(nn.Module):
             if name.startswith("blocks.") and not _is_plain_block_param(name):
                 continue  # a backend's own blocks (TE) keep their initialisation
             is_out = name.endswith(("attn.proj.weight", "mlp.fc2.weight"))
-            s = out_std if is_out else std
-            if p.device.type == "cpu":
-                nn.init.normal_(p, mean=0.0, std=s)
-            else:  # a module built on the GPU (an FP8 LM head): the CPU draw every other head gets
-                with torch.no_grad():
-                    p.copy_(torch.empty(p.shape).normal_(mean=0.0, std=s))
+            nn.init.normal_(p, mean=0.0, std=out_std if is_out else std)
         for m in self.modules():
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
