@@ -25,7 +25,8 @@ class StepInBackward:
 
     def __init__(self, inner: torch.optim.Optimizer, params: list[nn.Parameter], device: torch.device):
         self.inner = inner
-        self.group_of = {p: g for g in inner.param_groups for p in g["params"]}
+        # by index: load_state_dict replaces the group dicts (and set_lr writes the new ones)
+        self.group_of = {p: i for i, g in enumerate(inner.param_groups) for p in g["params"]}
         self.order = _norm_order(params)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.norms: dict[nn.Parameter, torch.Tensor] | None = None
@@ -71,7 +72,7 @@ class StepInBackward:
             self.norms[p] = (
                 torch._foreach_norm([grad], 2.0)[0] if grad.is_cuda else torch.linalg.vector_norm(grad, 2.0)
             )
-        group = self.group_of[p]
+        group = self.inner.param_groups[self.group_of[p]]
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
         has_complex = self.inner._init_group(
             {**group, "params": [p]}, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps

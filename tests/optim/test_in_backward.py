@@ -71,3 +71,21 @@ def test_the_stepper_does_not_keep_the_model_alive(tmp_path):
     del trainer
     gc.collect()
     assert model() is None and stepper() is None
+
+
+def test_step_in_backward_after_a_state_dict_round_trip(tmp_path):
+    """A resume loads the optimizer's state_dict, which replaces its param groups: the hooks follow
+    the new groups (where set_lr writes each step's warm-up learning rate), so the run goes on as the
+    step-after-backward one does."""
+    after = _trainer(tmp_path / "a")
+    inside = _trainer(tmp_path / "b", "optimizer.step_in_backward=true")
+    for step in range(2):
+        after.train_step(step)
+        inside.train_step(step)
+    for t in (after, inside):
+        t.optimizer.load_state_dict(t.optimizer.state_dict())
+    for step in range(2, 5):
+        after.train_step(step)
+        inside.train_step(step)
+    for (n, p), (_, q) in zip(after.model.named_parameters(), inside.model.named_parameters()):
+        assert torch.equal(p, q), n
