@@ -1,6 +1,7 @@
 """The optimizer package: the training loop's `Optimizer`, its schedule and clipping (optimizer.py),
-Megatron's fp32 main grads (main_grads.py), CPU offload (offload.py), TE FusedAdam (te_fused_adam.py)
-and the pure-PyTorch precision-aware AdamW of the emulated backend (emulated_adam.py)."""
+Megatron's fp32 main grads (main_grads.py), CPU offload (offload.py), TE FusedAdam (te_fused_adam.py),
+the step inside backward (in_backward.py) and the pure-PyTorch precision-aware AdamW of the emulated
+backend (emulated_adam.py)."""
 
 from harness.optim.main_grads import MainGrads
 from harness.optim.offload import CpuOffloadAdamW
