@@ -53,31 +53,18 @@ class _FP8BackwardLinear(torch.autograd.Function):
         head: FP8BackwardHead = ctx.head
         operand, grad_format = head.formats
 
-        def quantize(t, fmt):
+        def quantize(t, fmt):  # both copies: TE 2.20 has no columnwise-only per-tensor cast
             q = Float8CurrentScalingQuantizer(fmt, t.device, rowwise=True, columnwise=True, **head.scaling)
-            return q(t)
+            return q(t.contiguous())
 
-        x2 = x.reshape(-1, x.shape[-1])  # (N, C)
-        dy_q = quantize(dy.reshape(-1, dy.shape[-1]).contiguous(), grad_format)  # (N, V)
+        def gemm(a, b, layout: str, dtype: torch.dtype) -> torch.Tensor:  # TE's Linear backward GEMMs
+            kw = {"grad": True, "use_split_accumulator": head.split_accumulator}
+            return general_gemm(a, b, out_dtype=dtype, layout=layout, **kw)[0]
+
+        dy_q = quantize(dy.reshape(-1, dy.shape[-1]), grad_format)  # (N, V)
         dx = dw = None
-        if ctx.needs_input_grad[0]:
-            w_q = quantize(weight, operand)
-            dx = general_gemm(
-                w_q,
-                dy_q,
-                out_dtype=x.dtype,
-                layout="NN",
-                grad=True,
-                use_split_accumulator=head.split_accumulator,
-            )[0].view_as(x)
-        if ctx.needs_input_grad[1]:
-            x_q = quantize(x2.contiguous(), operand)  # both copies: TE 2.20 has no columnwise-only cast
-            dw = general_gemm(
-                x_q,
-                dy_q,
-                out_dtype=weight.dtype,
-                layout="NT",
-                grad=True,
-                use_split_accumulator=head.split_accumulator,
-            )[0]
+        if ctx.needs_input_grad[0]:  # dx = dy W
+            dx = gemm(quantize(weight, operand), dy_q, "NN", x.dtype).view_as(x)
+        if ctx.needs_input_grad[1]:  # dW = dy^T x
+            dw = gemm(quantize(x.reshape(-1, x.shape[-1]), operand), dy_q, "NT", weight.dtype)
         return dx, dw, None
