@@ -279,51 +279,51 @@ _SPECS += (
 )
 
 
-def _fp8_head(base: RecipeSpec) -> RecipeSpec:
-    """`base` with its LM head in FP8 (recipe.fp8_lm_head): a recipe of its own, as it changes numerics."""
+def _te_variant(base: RecipeSpec, suffix: str, what: str, **fields) -> RecipeSpec:
+    """`base` with a TE-only option that changes numerics (`fields`): a recipe of its own, named
+    `base.name + suffix`, its summary extended by `what`."""
     return dataclasses.replace(
         base,
-        name=f"{base.name}_fp8head",
-        summary=f"{base.summary}; the LM head's GEMMs in FP8 too (te.Linear under the recipe)",
+        name=f"{base.name}{suffix}",
+        summary=f"{base.summary}; {what}",
         te_only=True,
-        defaults={**base.defaults, "fp8_lm_head": True},
+        defaults={**base.defaults, **fields},
     )
 
 
-_SPECS += tuple(_fp8_head(s) for s in _SPECS if s.name in ("tensorwise", "tensorwise_fp8attn"))
-
-
-def _fp8_head_backward(base: RecipeSpec) -> RecipeSpec:
-    """`base` with its LM head's dgrad and wgrad in FP8, its logits GEMM in BF16
-    (recipe.fp8_lm_head_fprop=false): a recipe of its own, as it changes numerics."""
+def _current_scaling(base: RecipeSpec) -> RecipeSpec:
+    """The options TE takes from Float8CurrentScaling only (its per-GEMM MMParams, lowp's FP8-backward
+    head on current-scaling quantizers) are built on current-scaling recipes only."""
     assert base.te_recipe_class == "Float8CurrentScaling", base.name
-    return dataclasses.replace(
-        base,
-        name=f"{base.name}_fp8headbwd",
-        summary=f"{base.summary}; the LM head's dgrad and wgrad GEMMs in FP8 too (its logits in BF16)",
-        te_only=True,
-        defaults={**base.defaults, "fp8_lm_head": True, "fp8_lm_head_fprop": False},
-    )
+    return base
 
 
-_SPECS += (_fp8_head_backward(_BY_NAME["tensorwise"]),)
-
-
-def _fast_accumulation(base: RecipeSpec) -> RecipeSpec:
-    """`base` with FP8 fast accumulation in dgrad and wgrad too (recipe.fp8_fast_accumulation=all):
-    a recipe of its own, as it changes numerics. TE takes it per GEMM in Float8CurrentScaling only."""
-    assert base.te_recipe_class == "Float8CurrentScaling", base.name
-    return dataclasses.replace(
-        base,
-        name=f"{base.name}_fastacc",
-        summary=f"{base.summary}; FP8 fast accumulation in dgrad and wgrad too (no split accumulator)",
-        te_only=True,
-        defaults={**base.defaults, "fp8_fast_accumulation": "all"},
-    )
-
-
+# the LM head in FP8 (recipe.fp8_lm_head): a te.Linear under the recipe
 _SPECS += tuple(
-    _fast_accumulation(s)
+    _te_variant(
+        s, "_fp8head", "the LM head's GEMMs in FP8 too (te.Linear under the recipe)", fp8_lm_head=True
+    )
+    for s in _SPECS
+    if s.name in ("tensorwise", "tensorwise_fp8attn")
+)
+# the LM head's dgrad and wgrad in FP8, its logits GEMM in BF16 (recipe.fp8_lm_head_fprop=false)
+_SPECS += (
+    _te_variant(
+        _current_scaling(_BY_NAME["tensorwise"]),
+        "_fp8headbwd",
+        "the LM head's dgrad and wgrad GEMMs in FP8 too (its logits in BF16)",
+        fp8_lm_head=True,
+        fp8_lm_head_fprop=False,
+    ),
+)
+# FP8 fast accumulation in dgrad and wgrad too (recipe.fp8_fast_accumulation=all)
+_SPECS += tuple(
+    _te_variant(
+        _current_scaling(s),
+        "_fastacc",
+        "FP8 fast accumulation in dgrad and wgrad too (no split accumulator)",
+        fp8_fast_accumulation="all",
+    )
     for s in _SPECS
     if s.name in ("tensorwise", "tensorwise_fp8head", "tensorwise_fp8headbwd")
 )
