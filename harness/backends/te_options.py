@@ -115,7 +115,8 @@ def _own_recipe(r: RecipeConfig, opt: str, what: str, suffix: str, having: tuple
 
 
 def _lm_head_errors(r: RecipeConfig, m: ModelConfig, te: bool) -> list[str]:
-    """recipe.fp8_lm_head: a te.Linear under the recipe (TE's FP8 GEMM: assert_dim_for_fp8_exec)."""
+    """recipe.fp8_lm_head: a te.Linear under the recipe (TE's FP8 GEMM: assert_dim_for_fp8_exec), or
+    with recipe.fp8_lm_head_fprop=false a BF16 head with FP8 backward GEMMs (its gradient format)."""
     spec = recipes.get(r.name)
     if not r.fp8_lm_head_fprop and not (r.fp8_lm_head and spec.defaults.get("fp8_lm_head")):
         if spec.defaults.get("fp8_lm_head_fprop", True) is False:
@@ -125,8 +126,6 @@ def _lm_head_errors(r: RecipeConfig, m: ModelConfig, te: bool) -> list[str]:
             ]
         what, variant = "an LM head with FP8 backward GEMMs", "_fp8headbwd"
         return _own_recipe(r, "recipe.fp8_lm_head_fprop=false", what, variant, FP8_HEAD_BACKWARD_RECIPES)
-    if r.fp8_lm_head_grad_format not in (None, "e4m3", "e5m2"):
-        return [f"recipe.fp8_lm_head_grad_format={r.fp8_lm_head_grad_format}: use null, e4m3 or e5m2"]
     if r.fp8_lm_head_grad_format is not None and (not r.fp8_lm_head or r.fp8_lm_head_fprop):
         return [
             f"recipe.fp8_lm_head_grad_format={r.fp8_lm_head_grad_format} with recipe={r.name}: only the "
@@ -141,11 +140,11 @@ def _lm_head_errors(r: RecipeConfig, m: ModelConfig, te: bool) -> list[str]:
     if not spec.defaults.get("fp8_lm_head"):
         return _own_recipe(r, "recipe.fp8_lm_head=true", "an FP8 LM head", "_fp8head", FP8_HEAD_RECIPES)
     if spec.defaults.get("fp8_lm_head_fprop", True) != r.fp8_lm_head_fprop:
-        variant = r.name.replace("_fp8headbwd", "_fp8head") if r.fp8_lm_head_fprop else None
+        swap = ("_fp8headbwd", "_fp8head") if r.fp8_lm_head_fprop else ("_fp8head", "_fp8headbwd")
         return [
             f"recipe.fp8_lm_head_fprop={str(r.fp8_lm_head_fprop).lower()} with recipe={r.name}: where the "
-            "logits GEMM runs changes numerics, so it is a recipe of its own; use recipe="
-            + (variant or f"{r.name.replace('_fp8head', '_fp8headbwd')}")
+            "logits GEMM runs changes numerics, so it is a recipe of its own; use "
+            f"recipe={r.name.replace(*swap)}"
         ]
     why = []
     if not te:

@@ -15,6 +15,7 @@ FP8_FORMATS = ("e4m3", "hybrid")
 FP4_FORMATS = ("e2m1",)
 STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 FP8_FAST_ACCUMULATION = ("fprop", "all")
+FP8_LM_HEAD_GRAD_FORMATS = ("e4m3", "e5m2")
 
 
 @dataclass
