@@ -219,6 +219,23 @@ def test_custom_factory_is_a_dotted_path_megatron_resolves():
     [
         (["optimizer=bf16_params"], "optimizer.master_weights=false"),
         (["optimizer=bf16_params", "optimizer.step_in_backward=true"], "optimizer.step_in_backward=true"),
+        (
+            [
+                "optimizer=bf16_params",
+                "optimizer.step_in_backward=true",
+                "optimizer.step_in_backward_yields=true",
+            ],
+            "optimizer.step_in_backward_yields=true",
+        ),
+        (
+            [
+                "optimizer=bf16_params",
+                "recipe=tensorwise",
+                "optimizer.step_in_backward=true",
+                "optimizer.quantize_weights_in_backward=true",
+            ],
+            "optimizer.quantize_weights_in_backward=true",
+        ),
         (["recipe=blockwise", "recipe.x_block_dim=2", "recipe.w_block_dim=1"], "recipe.x_block_dim=2"),
         (["recipe=blockwise", "recipe.x_block_dim=2", "recipe.w_block_dim=1"], "recipe.w_block_dim=1"),
         (["recipe=tensorwise", "recipe.amax_epsilon=1e-12"], "recipe.amax_epsilon=1e-12"),

@@ -172,11 +172,16 @@ class TEBackend(Backend):
         self.recipe = build_te_recipe(spec.recipe, spec.stability)
         self._seen: dict[str, tuple[bool, str | None]] = {}
         self.first_microbatch: bool | None = None
+        self.weight_cache = None  # optimizer.quantize_weights_in_backward (te_weight_cache.py)
 
     def microbatch(self, index: int | None, count: int) -> None:
         """With gradient accumulation, TE quantizes (and transposes) the weights on the first
         micro-batch and reuses them on the others (is_first_microbatch): the weights do not change
-        inside the window. None (TE quantizes every forward) without accumulation, and for eval."""
+        inside the window. None (TE quantizes every forward) without accumulation, and for eval.
+        With the weight cache, a step's one forward reuses the copies its backward hooks recast."""
+        if self.weight_cache is not None and index == 0 and count == 1:
+            self.first_microbatch = not self.weight_cache.begin_step()
+            return
         self.first_microbatch = None if index is None or count == 1 else index == 0
 
     def _block_context(self, index: int):
@@ -262,6 +267,11 @@ class TEBackend(Backend):
     def prepare(self, model: nn.Module, optimizer) -> None:
         if self.hook is not None:
             self.hook.prepare(self._hooked_weights(model), optimizer)
+        if self.spec.optimizer.quantize_weights_in_backward:  # validated: step in backward, current scaling
+            from harness.backends.te_weight_cache import WeightCache
+
+            self.weight_cache = WeightCache(self.te, model)
+            optimizer.in_backward.after_update = self.weight_cache.refresh
         if self.spec.options.cuda_graphs:  # after the optimizer: its main grads are captured
             from harness.backends.te_graphs import capture_blocks
 
@@ -361,6 +371,8 @@ class TEBackend(Backend):
             self._model(idx)
 
     def load_state_dict(self, state: dict) -> None:
+        if self.weight_cache is not None:  # the loaded weights are not the cached copies' weights
+            self.weight_cache.invalidate()
         if state and not any(True for _ in self._fp8_metas()):
             self._prime()
         own = {(n, k): meta for n, k, meta in self._fp8_metas()}
@@ -405,6 +417,8 @@ class TEBackend(Backend):
                 "fp8_lm_head_grad_format": self.spec.recipe.fp8_lm_head_grad_format,
                 "fp8_fast_accumulation": self.spec.recipe.fp8_fast_accumulation,
                 "step_in_backward": self.spec.optimizer.step_in_backward,
+                "quantize_weights_in_backward": self.spec.optimizer.quantize_weights_in_backward,
+                "step_in_backward_yields": self.spec.optimizer.step_in_backward_yields,
             },
             "mapping_notes": notes,
             "block_recipes": {

@@ -158,6 +158,12 @@ class OptimizerConfig:
     """Save the MLP activation input in FP8 (E4M3, unscaled) for backward."""
     step_in_backward: bool = False
     """Update each parameter inside backward once its grad is ready, on a side CUDA stream (same numbers)."""
+    quantize_weights_in_backward: bool = False
+    """With step_in_backward on TE's current scaling (tensorwise): cast each weight to FP8 for the next
+    forward right after its update, on the side stream; the forward reuses that copy (same numbers)."""
+    step_in_backward_yields: bool = False
+    """With step_in_backward: the step's compute stream runs at CUDA's high priority, so backward's
+    kernels are scheduled before the side stream's pending updates (same numbers)."""
 
 
 @dataclass

@@ -386,7 +386,11 @@ def _in_backward_errors(cfg: Config) -> list[str]:
     """optimizer.step_in_backward: a torch AdamW step per parameter, so nothing global in the step."""
     o = cfg.optimizer
     if not o.step_in_backward:
-        return []
+        return [
+            f"optimizer.{name}=true works through the step in backward: set optimizer.step_in_backward=true"
+            for name in ("quantize_weights_in_backward", "step_in_backward_yields")
+            if getattr(o, name)
+        ]
     why = []
     if uses_te(cfg) and o.master_weights:
         why.append(
@@ -413,7 +417,29 @@ def _in_backward_errors(cfg: Config) -> list[str]:
         why.append("data parallelism reduces the gradients after backward: use one process, parallel=none")
     if cfg.backend.cuda_graphs:
         why.append("the graphed blocks' backward is replayed whole: set backend.cuda_graphs=false")
-    return [f"optimizer.step_in_backward=true: {w}" for w in why]
+    return [f"optimizer.step_in_backward=true: {w}" for w in why] + _weights_in_backward_errors(cfg)
+
+
+def _weights_in_backward_errors(cfg: Config) -> list[str]:
+    """optimizer.quantize_weights_in_backward: the next forward reuses each weight's FP8 copy made
+    right after its update, which equals the forward's own cast only where that cast depends on the
+    weight alone (current scaling) and the weights stay as the update left them."""
+    o = cfg.optimizer
+    if not o.quantize_weights_in_backward:
+        return []
+    head = "optimizer.quantize_weights_in_backward=true"
+    used = {ov.recipe for ov in cfg.stability.overrides} - {cfg.recipe.name}
+    other = sorted(n for n in used if recipes.get(n).te_recipe_class not in (None, "Float8CurrentScaling"))
+    if not uses_te(cfg) or recipes.get(cfg.recipe.name).te_recipe_class != "Float8CurrentScaling" or other:
+        what = f"backend={cfg.backend.name} recipe={cfg.recipe.name}"
+        what += f" (and {', '.join(other)})" if other else ""
+        return [
+            f"{head} with {what}: it caches TE's current-scaling weight casts; use backend=te with a "
+            "tensorwise recipe (Float8CurrentScaling) in every quantized block"
+        ]
+    if o.fp8_param:
+        return [f"{head}: optimizer.fp8_param=true already keeps the weights in FP8; drop one of the two"]
+    return []
 
 
 def parallel_errors(cfg: Config) -> list[str]:

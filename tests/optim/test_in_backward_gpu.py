@@ -32,3 +32,78 @@ def test_step_in_backward_equals_step_after_backward_on_te(recipe):
     torch.cuda.synchronize()
     for (n, p), (_, q) in zip(after.model.named_parameters(), inside.model.named_parameters()):
         assert torch.equal(p, q), n
+
+
+def _te_pair(*extra):
+    from harness.train import Trainer
+
+    common = (*GPU_TINY, "backend=te", "recipe=tensorwise", "optimizer=bf16_params", "log_interval=2")
+    common += ("optimizer.step_in_backward=true",)
+    base = Trainer(compose_cfg(*common), tempfile.mkdtemp(prefix="lowp-sib-"))
+    other = Trainer(compose_cfg(*common, *extra), tempfile.mkdtemp(prefix="lowp-sib-"))
+    other.model.load_state_dict(base.model.state_dict())
+    return base, other
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["optimizer.quantize_weights_in_backward=true"],
+        ["optimizer.step_in_backward_yields=true"],
+        ["optimizer.quantize_weights_in_backward=true", "optimizer.step_in_backward_yields=true"],
+    ],
+)
+def test_in_backward_speed_options_keep_every_number(extra):
+    """The weight recast after each update (the next forward reuses TE's cached FP8 copy) and the
+    high-priority compute stream give the plain step-in-backward run's numbers bit for bit, across an
+    eval between steps (its forward casts without the cache and leaves the quantizers rowwise only)."""
+    base, other = _te_pair(*extra)
+    for step in range(6):
+        la, na, _ = base.train_step(step)
+        lb, nb, _ = other.train_step(step)
+        assert torch.equal(la, lb), (step, la, lb)
+        assert (na is None) == (nb is None) and (na is None or torch.equal(na, nb)), (step, na, nb)
+        if step == 2:
+            with torch.no_grad():
+                assert base.evaluate() == other.evaluate()
+    torch.cuda.synchronize()
+    for (n, p), (_, q) in zip(base.model.named_parameters(), other.model.named_parameters()):
+        assert torch.equal(p, q), n
+    cache = other.backend.weight_cache
+    if "optimizer.quantize_weights_in_backward=true" in extra:
+        weights = 4 * len(other.model.blocks)
+        assert len(cache.workspaces()) == weights and cache.recasts == 6 * weights
+        assert cache.current() and other.backend.first_microbatch is None
+
+
+@needs_cuda
+@needs_te
+def test_the_forward_reads_the_cached_copy_until_it_is_invalidated():
+    """Proof that the cache is used: a weight changed behind the update's back (as a checkpoint load
+    does) changes the loss only once the cache is invalidated, which TEBackend.load_state_dict does."""
+    base, other = _te_pair("optimizer.quantize_weights_in_backward=true")
+    for step in range(2):
+        base.train_step(step)
+        other.train_step(step)
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        for t in (base, other):
+            t.model.blocks[0].layer.layernorm_mlp.fc1_weight.mul_(2.0)
+    la, _, _ = base.train_step(2)  # casts the doubled weight
+    lb, _, _ = other.train_step(2)  # reuses the copy recast from the weight before doubling
+    assert not torch.equal(la, lb)
+    base2, other2 = _te_pair("optimizer.quantize_weights_in_backward=true")
+    for step in range(2):
+        base2.train_step(step)
+        other2.train_step(step)
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        for t in (base2, other2):
+            t.model.blocks[0].layer.layernorm_mlp.fc1_weight.mul_(2.0)
+    other2.backend.load_state_dict(other2.backend.state_dict())
+    assert not other2.backend.weight_cache.current()
+    la, _, _ = base2.train_step(2)
+    lb, _, _ = other2.train_step(2)
+    assert torch.equal(la, lb)
