@@ -317,11 +317,6 @@ def optimizer_flags(cfg: Config) -> Part:
             "# optimizer.quantize_weights_in_backward=true has no Megatron equivalent: Megatron's forward "
             "casts each weight to FP8 itself (the same copy, cast later)"
         )
-    if o.step_in_backward_yields:
-        notes.append(
-            "# optimizer.step_in_backward_yields=true has no Megatron equivalent (a CUDA stream priority "
-            "of lowp's step in backward)"
-        )
     if o.activation_func_fp8_input_store:
         notes.append(
             "# optimizer.activation_func_fp8_input_store=true is a TransformerConfig field with no "

@@ -165,14 +165,6 @@ class Trainer:
 
     def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """Forward/backward over the accumulation window and one optimizer step; returns tensors."""
-        stepper = self.optimizer.in_backward
-        if stepper is None:
-            return self._train_step(step)
-        with stepper.compute():  # optimizer.step_in_backward_yields: on a high-priority stream
-            total, grad_norm, lr = self._train_step(step)
-        return stepper.hand_back(total), stepper.hand_back(grad_norm), lr
-
-    def _train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         lr = lr_at(step, self.cfg.optimizer, self.cfg.steps)
         set_lr(self.optimizer, lr)
         telemetry = self.cfg.telemetry_interval > 0 and step % self.cfg.telemetry_interval == 0

@@ -222,14 +222,6 @@ def test_custom_factory_is_a_dotted_path_megatron_resolves():
         (
             [
                 "optimizer=bf16_params",
-                "optimizer.step_in_backward=true",
-                "optimizer.step_in_backward_yields=true",
-            ],
-            "optimizer.step_in_backward_yields=true",
-        ),
-        (
-            [
-                "optimizer=bf16_params",
                 "recipe=tensorwise",
                 "optimizer.step_in_backward=true",
                 "optimizer.quantize_weights_in_backward=true",

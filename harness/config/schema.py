@@ -161,9 +161,6 @@ class OptimizerConfig:
     quantize_weights_in_backward: bool = False
     """With step_in_backward on TE's current scaling (tensorwise): cast each weight to FP8 for the next
     forward right after its update, on the side stream; the forward reuses that copy (same numbers)."""
-    step_in_backward_yields: bool = False
-    """With step_in_backward: the step's compute stream runs at CUDA's high priority, so backward's
-    kernels are scheduled before the side stream's pending updates (same numbers)."""
 
 
 @dataclass

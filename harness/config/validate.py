@@ -386,11 +386,12 @@ def _in_backward_errors(cfg: Config) -> list[str]:
     """optimizer.step_in_backward: a torch AdamW step per parameter, so nothing global in the step."""
     o = cfg.optimizer
     if not o.step_in_backward:
-        return [
-            f"optimizer.{name}=true works through the step in backward: set optimizer.step_in_backward=true"
-            for name in ("quantize_weights_in_backward", "step_in_backward_yields")
-            if getattr(o, name)
-        ]
+        if o.quantize_weights_in_backward:
+            return [
+                "optimizer.quantize_weights_in_backward=true works through the step in backward: "
+                "set optimizer.step_in_backward=true"
+            ]
+        return []
     why = []
     if uses_te(cfg) and o.master_weights:
         why.append(

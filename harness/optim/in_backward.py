@@ -12,13 +12,10 @@ reduced in `torch.nn.utils.get_total_norm`'s order, so the logged value is the s
 
 `after_update(p)`, when a backend sets it, runs on the side stream right after p's update
 (optimizer.quantize_weights_in_backward: TE's FP8 copy of the weight for the next forward).
-With `yields` (optimizer.step_in_backward_yields) the step runs on a high-priority compute stream
-(`compute()`), so the GPU schedules backward's kernels before the updates waiting beside them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 
 import torch
@@ -29,21 +26,12 @@ from torch.optim.adam import adam
 class StepInBackward:
     """Post-accumulate-grad hooks that step `inner` (a torch AdamW) one parameter at a time."""
 
-    def __init__(
-        self,
-        inner: torch.optim.Optimizer,
-        params: list[nn.Parameter],
-        device: torch.device,
-        yields: bool = False,
-    ):
+    def __init__(self, inner: torch.optim.Optimizer, params: list[nn.Parameter], device: torch.device):
         self.inner = inner
         # by index: load_state_dict replaces the group dicts (and set_lr writes the new ones)
         self.group_of = {p: i for i, g in enumerate(inner.param_groups) for p in g["params"]}
         self.order = _norm_order(params)
-        cuda = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device) if cuda else None
-        # CUDA's priorities: 0 (the default streams') is the lowest, so the compute stream is raised
-        self.high = torch.cuda.Stream(device, priority=-1) if cuda and yields else None
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.after_update = None  # callable(p), set by a backend
         self.norms: dict[nn.Parameter, torch.Tensor] | None = None
         self.updated = 0
@@ -57,25 +45,6 @@ class StepInBackward:
         """Before the step's backward: whether this step's grad norm is wanted (a log step)."""
         self.norms = {} if want_norm else None
         self.updated = 0
-
-    @contextlib.contextmanager
-    def compute(self, *keep: torch.Tensor):
-        """The step's work on the high-priority stream (with `yields`; else where it is): the stream
-        starts after, and the caller's stream continues after, everything enqueued on the other."""
-        if self.high is None:
-            yield
-            return
-        outer = torch.cuda.current_stream(self.high.device)
-        self.high.wait_stream(outer)
-        with torch.cuda.stream(self.high):
-            yield
-        outer.wait_stream(self.high)
-
-    def hand_back(self, t: torch.Tensor | None) -> torch.Tensor | None:
-        """A tensor `compute()` made, safe to use (and free) on the caller's stream."""
-        if self.high is not None and t is not None:
-            t.record_stream(torch.cuda.current_stream(self.high.device))
-        return t
 
     def finish(self) -> torch.Tensor | None:
         """After backward: the compute stream waits for the updates; the grad norm (or None)."""

@@ -47,19 +47,11 @@ def _te_pair(*extra):
 
 @needs_cuda
 @needs_te
-@pytest.mark.parametrize(
-    "extra",
-    [
-        ["optimizer.quantize_weights_in_backward=true"],
-        ["optimizer.step_in_backward_yields=true"],
-        ["optimizer.quantize_weights_in_backward=true", "optimizer.step_in_backward_yields=true"],
-    ],
-)
-def test_in_backward_speed_options_keep_every_number(extra):
-    """The weight recast after each update (the next forward reuses TE's cached FP8 copy) and the
-    high-priority compute stream give the plain step-in-backward run's numbers bit for bit, across an
-    eval between steps (its forward casts without the cache and leaves the quantizers rowwise only)."""
-    base, other = _te_pair(*extra)
+def test_quantize_weights_in_backward_keeps_every_number():
+    """The weight recast after each update (the next forward reuses TE's cached FP8 copy) gives the
+    plain step-in-backward run's numbers bit for bit, across an eval between steps (its forward casts
+    without the cache and leaves the quantizers rowwise only)."""
+    base, other = _te_pair("optimizer.quantize_weights_in_backward=true")
     for step in range(6):
         la, na, _ = base.train_step(step)
         lb, nb, _ = other.train_step(step)
@@ -72,10 +64,9 @@ def test_in_backward_speed_options_keep_every_number(extra):
     for (n, p), (_, q) in zip(base.model.named_parameters(), other.model.named_parameters()):
         assert torch.equal(p, q), n
     cache = other.backend.weight_cache
-    if "optimizer.quantize_weights_in_backward=true" in extra:
-        weights = 4 * len(other.model.blocks)
-        assert len(cache.workspaces()) == weights and cache.recasts == 6 * weights
-        assert cache.current() and other.backend.first_microbatch is None
+    weights = 4 * len(other.model.blocks)
+    assert len(cache.workspaces()) == weights and cache.recasts == 6 * weights
+    assert cache.current() and other.backend.first_microbatch is None
 
 
 @needs_cuda
