@@ -386,12 +386,7 @@ def _in_backward_errors(cfg: Config) -> list[str]:
     """optimizer.step_in_backward: a torch AdamW step per parameter, so nothing global in the step."""
     o = cfg.optimizer
     if not o.step_in_backward:
-        if o.quantize_weights_in_backward:
-            return [
-                "optimizer.quantize_weights_in_backward=true works through the step in backward: "
-                "set optimizer.step_in_backward=true"
-            ]
-        return []
+        return _weights_in_backward_errors(cfg)
     why = []
     if uses_te(cfg) and o.master_weights:
         why.append(
@@ -429,6 +424,8 @@ def _weights_in_backward_errors(cfg: Config) -> list[str]:
     if not o.quantize_weights_in_backward:
         return []
     head = "optimizer.quantize_weights_in_backward=true"
+    if not o.step_in_backward:
+        return [f"{head} works through the step in backward: set optimizer.step_in_backward=true"]
     used = {ov.recipe for ov in cfg.stability.overrides} - {cfg.recipe.name}
     other = sorted(n for n in used if recipes.get(n).te_recipe_class not in (None, "Float8CurrentScaling"))
     if not uses_te(cfg) or recipes.get(cfg.recipe.name).te_recipe_class != "Float8CurrentScaling" or other:

@@ -60,15 +60,11 @@ class StepInBackward:
         grad = p.grad
         if self.stream is None:
             self._update(p, grad)
-            if self.after_update is not None:
-                self.after_update(p)
         else:
             # the grad (and every use of p in backward so far) is ready on the compute stream
             self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
             with torch.cuda.stream(self.stream):
                 self._update(p, grad)
-                if self.after_update is not None:
-                    self.after_update(p)
             grad.record_stream(self.stream)  # its memory is not reused before the update has read it
         p.grad = None
         self.updated += 1
@@ -109,6 +105,8 @@ class StepInBackward:
             found_inf=None,
             decoupled_weight_decay=group["decoupled_weight_decay"],
         )
+        if self.after_update is not None:  # on the update's stream, after it
+            self.after_update(p)
 
 
 def _norm_order(params: list[nn.Parameter]) -> list[nn.Parameter]:
