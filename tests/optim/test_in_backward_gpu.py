@@ -69,11 +69,8 @@ def test_quantize_weights_in_backward_keeps_every_number():
     assert cache.current() and other.backend.first_microbatch is None
 
 
-@needs_cuda
-@needs_te
-def test_the_forward_reads_the_cached_copy_until_it_is_invalidated():
-    """Proof that the cache is used: a weight changed behind the update's back (as a checkpoint load
-    does) changes the loss only once the cache is invalidated, which TEBackend.load_state_dict does."""
+def _doubled_behind_the_update():
+    """Two steps without and with the weight cache, then one weight doubled in place in both."""
     base, other = _te_pair("optimizer.quantize_weights_in_backward=true")
     for step in range(2):
         base.train_step(step)
@@ -82,17 +79,19 @@ def test_the_forward_reads_the_cached_copy_until_it_is_invalidated():
     with torch.no_grad():
         for t in (base, other):
             t.model.blocks[0].layer.layernorm_mlp.fc1_weight.mul_(2.0)
+    return base, other
+
+
+@needs_cuda
+@needs_te
+def test_the_forward_reads_the_cached_copy_until_it_is_invalidated():
+    """Proof that the cache is used: a weight changed behind the update's back (as a checkpoint load
+    does) changes the loss only once the cache is invalidated, which TEBackend.load_state_dict does."""
+    base, other = _doubled_behind_the_update()
     la, _, _ = base.train_step(2)  # casts the doubled weight
     lb, _, _ = other.train_step(2)  # reuses the copy recast from the weight before doubling
     assert not torch.equal(la, lb)
-    base2, other2 = _te_pair("optimizer.quantize_weights_in_backward=true")
-    for step in range(2):
-        base2.train_step(step)
-        other2.train_step(step)
-    torch.cuda.synchronize()
-    with torch.no_grad():
-        for t in (base2, other2):
-            t.model.blocks[0].layer.layernorm_mlp.fc1_weight.mul_(2.0)
+    base2, other2 = _doubled_behind_the_update()
     other2.backend.load_state_dict(other2.backend.state_dict())
     assert not other2.backend.weight_cache.current()
     la, _, _ = base2.train_step(2)
