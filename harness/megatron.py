@@ -317,12 +317,6 @@ def optimizer_flags(cfg: Config) -> Part:
             "# optimizer.quantize_weights_in_backward=true has no Megatron equivalent: Megatron's forward "
             "casts each weight to FP8 itself (the same copy, cast later)"
         )
-    if o.backward_sm_margin:
-        notes.append(
-            f"# optimizer.backward_sm_margin={o.backward_sm_margin} has no Megatron flag: it leaves SMs "
-            "to the updates inside backward, which Megatron does not run (NVTE_EXT_MARGIN_SM there "
-            "would narrow every GEMM of the step)"
-        )
     if o.activation_func_fp8_input_store:
         notes.append(
             "# optimizer.activation_func_fp8_input_store=true is a TransformerConfig field with no "

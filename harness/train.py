@@ -188,8 +188,6 @@ class Trainer:
                 )
                 with self.backend.autocast():
                     loss = self.model.loss(x, y) / scale
-                if stepper is not None:  # optimizer.backward_sm_margin: SMs left to the updates
-                    stack.enter_context(stepper.backward_margin())
                 loss.backward()
             if self.saved_bytes is None:
                 self.saved_bytes = counter.bytes

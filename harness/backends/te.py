@@ -418,7 +418,6 @@ class TEBackend(Backend):
                 "fp8_fast_accumulation": self.spec.recipe.fp8_fast_accumulation,
                 "step_in_backward": self.spec.optimizer.step_in_backward,
                 "quantize_weights_in_backward": self.spec.optimizer.quantize_weights_in_backward,
-                "backward_sm_margin": self.spec.optimizer.backward_sm_margin,
             },
             "mapping_notes": notes,
             "block_recipes": {

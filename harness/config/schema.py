@@ -161,10 +161,6 @@ class OptimizerConfig:
     quantize_weights_in_backward: bool = False
     """With step_in_backward on TE's current scaling (tensorwise): cast each weight to FP8 for the next
     forward right after its update, on the side stream; the forward reuses that copy (same numbers)."""
-    backward_sm_margin: int = 0
-    """With step_in_backward on a GPU: SMs the GEMMs launched during backward leave free (cuBLAS's SM
-    count target, through TE's NVTE_EXT_MARGIN_SM and torch's SM carveout), so the side stream's
-    updates run beside them; 0: the GEMMs take every SM."""
 
 
 @dataclass

@@ -7,7 +7,6 @@ Megatron export checks only these); `support_errors` is what lowp cannot run yet
 
 from __future__ import annotations
 
-import os
 import warnings
 
 from harness import recipes
@@ -17,7 +16,6 @@ from harness.backends.te_options import option_errors, option_warnings
 from harness.config import schema
 from harness.config.reference_rules import reference_errors
 from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
-from harness.optim.in_backward import SM_MARGIN_ENV
 
 
 class ConfigError(ValueError):
@@ -388,7 +386,7 @@ def _in_backward_errors(cfg: Config) -> list[str]:
     """optimizer.step_in_backward: a torch AdamW step per parameter, so nothing global in the step."""
     o = cfg.optimizer
     if not o.step_in_backward:
-        return _weights_in_backward_errors(cfg) + _sm_margin_errors(cfg)
+        return _weights_in_backward_errors(cfg)
     why = []
     if uses_te(cfg) and o.master_weights:
         why.append(
@@ -415,29 +413,7 @@ def _in_backward_errors(cfg: Config) -> list[str]:
         why.append("data parallelism reduces the gradients after backward: use one process, parallel=none")
     if cfg.backend.cuda_graphs:
         why.append("the graphed blocks' backward is replayed whole: set backend.cuda_graphs=false")
-    why = [f"optimizer.step_in_backward=true: {w}" for w in why]
-    return why + _weights_in_backward_errors(cfg) + _sm_margin_errors(cfg)
-
-
-def _sm_margin_errors(cfg: Config) -> list[str]:
-    """optimizer.backward_sm_margin: SMs backward's GEMMs leave to the step-in-backward stream."""
-    k, head = cfg.optimizer.backward_sm_margin, "optimizer.backward_sm_margin"
-    if k == 0:
-        return []
-    if k < 0:
-        return [f"{head}={k}: the SMs left free must be 0 or more"]
-    if not cfg.optimizer.step_in_backward:
-        return [
-            f"{head}={k} leaves SMs to the updates inside backward: set optimizer.step_in_backward=true "
-            f"or {head}=0"
-        ]
-    user = os.environ.get(SM_MARGIN_ENV)
-    if user is not None:
-        return [
-            f"environment {SM_MARGIN_ENV}={user} would be overridden during backward by {head}={k}: "
-            f"unset it (the option sets it for backward's GEMMs only)"
-        ]
-    return []
+    return [f"optimizer.step_in_backward=true: {w}" for w in why] + _weights_in_backward_errors(cfg)
 
 
 def _weights_in_backward_errors(cfg: Config) -> list[str]:

@@ -12,17 +12,10 @@ reduced in `torch.nn.utils.get_total_norm`'s order, so the logged value is the s
 
 `after_update(p)`, when a backend sets it, runs on the side stream right after p's update
 (optimizer.quantize_weights_in_backward: TE's FP8 copy of the weight for the next forward).
-
-optimizer.backward_sm_margin: cuBLAS's GEMM kernels are persistent and take every SM, so the side
-stream's updates wait between them. With a margin of k, the GEMMs launched during backward target
-k fewer SMs (cuBLAS's SM count target: TE reads NVTE_EXT_MARGIN_SM at each GEMM call, torch's own
-matmuls read its SM carveout), and the updates run on the k left free. Only the kernel choice changes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import weakref
 
 import torch
@@ -33,26 +26,12 @@ from torch.optim.adam import adam
 class StepInBackward:
     """Post-accumulate-grad hooks that step `inner` (a torch AdamW) one parameter at a time."""
 
-    def __init__(
-        self,
-        inner: torch.optim.Optimizer,
-        params: list[nn.Parameter],
-        device: torch.device,
-        sm_margin: int = 0,
-    ):
+    def __init__(self, inner: torch.optim.Optimizer, params: list[nn.Parameter], device: torch.device):
         self.inner = inner
         # by index: load_state_dict replaces the group dicts (and set_lr writes the new ones)
         self.group_of = {p: i for i, g in enumerate(inner.param_groups) for p in g["params"]}
         self.order = _norm_order(params)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.sm_margin = sm_margin if self.stream is not None else 0  # no SMs to leave on a CPU
-        if self.sm_margin:
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-            if self.sm_margin >= sms:
-                raise ValueError(
-                    f"optimizer.backward_sm_margin={sm_margin}: this GPU has {sms} SMs; leave fewer "
-                    f"(the GEMMs need the rest)"
-                )
         self.after_update = None  # callable(p), set by a backend
         self.norms: dict[nn.Parameter, torch.Tensor] | None = None
         self.updated = 0
@@ -66,10 +45,6 @@ class StepInBackward:
         """Before the step's backward: whether this step's grad norm is wanted (a log step)."""
         self.norms = {} if want_norm else None
         self.updated = 0
-
-    def backward_margin(self) -> contextlib.AbstractContextManager:
-        """Around backward: its GEMMs leave `sm_margin` SMs to the updates (a no-op at 0)."""
-        return sm_margin(self.sm_margin) if self.sm_margin else contextlib.nullcontext()
 
     def finish(self) -> torch.Tensor | None:
         """After backward: the compute stream waits for the updates; the grad norm (or None)."""
@@ -132,26 +107,6 @@ class StepInBackward:
         )
         if self.after_update is not None:  # on the update's stream, after it
             self.after_update(p)
-
-
-SM_MARGIN_ENV = "NVTE_EXT_MARGIN_SM"  # TE: SMs its GEMMs leave free, read at every GEMM call
-
-
-@contextlib.contextmanager
-def sm_margin(k: int):
-    """The GEMMs launched inside target k fewer SMs: TE's through NVTE_EXT_MARGIN_SM, torch's through
-    its SM carveout; both restored after."""
-    env, carveout = os.environ.get(SM_MARGIN_ENV), torch._C._get_sm_carveout_experimental()
-    os.environ[SM_MARGIN_ENV] = str(k)
-    torch._C._set_sm_carveout_experimental(k)
-    try:
-        yield
-    finally:
-        torch._C._set_sm_carveout_experimental(carveout)
-        if env is None:
-            del os.environ[SM_MARGIN_ENV]
-        else:
-            os.environ[SM_MARGIN_ENV] = env
 
 
 def _norm_order(params: list[nn.Parameter]) -> list[nn.Parameter]:

@@ -184,7 +184,7 @@ def build_optimizer(
 
 def _torch_adamw(groups, params, cfg: OptimizerConfig, device, **kw) -> Optimizer:
     inner = torch.optim.AdamW(groups, **kw)
-    stepper = StepInBackward(inner, params, device, cfg.backward_sm_margin) if cfg.step_in_backward else None
+    stepper = StepInBackward(inner, params, device) if cfg.step_in_backward else None
     return Optimizer(inner, params, in_backward=stepper)
 
 

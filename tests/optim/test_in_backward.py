@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -143,63 +141,3 @@ def test_quantize_weights_in_backward_is_valid_on_tensorwise():
     for recipe in ("tensorwise", "tensorwise_fastacc"):
         cfg = load([*TE_SIB, f"recipe={recipe}", "optimizer.quantize_weights_in_backward=true"])
         assert cfg.optimizer.quantize_weights_in_backward
-
-
-@pytest.mark.parametrize(
-    ("extra", "want"),
-    [
-        (
-            [],
-            "optimizer.backward_sm_margin=16 leaves SMs to the updates inside backward: set "
-            "optimizer.step_in_backward=true or optimizer.backward_sm_margin=0",
-        ),
-        (["optimizer.step_in_backward=true", "optimizer.backward_sm_margin=-1"], None),
-    ],
-)
-def test_backward_sm_margin_rules(extra, want):
-    k = next((e.split("=")[1] for e in extra if "backward_sm_margin" in e), "16")
-    msg = error_of(*BASE, f"optimizer.backward_sm_margin={k}", *extra)
-    assert msg == (want or "optimizer.backward_sm_margin=-1: the SMs left free must be 0 or more")
-
-
-def test_backward_sm_margin_refuses_a_users_te_margin(monkeypatch):
-    monkeypatch.setenv("NVTE_EXT_MARGIN_SM", "8")
-    msg = error_of(*BASE, "optimizer.step_in_backward=true", "optimizer.backward_sm_margin=16")
-    assert msg.startswith("environment NVTE_EXT_MARGIN_SM=8 would be overridden during backward")
-
-
-def test_sm_margin_holds_for_backward_only_and_is_restored(tmp_path, monkeypatch):
-    """The trainer enters the margin around loss.backward(): TE's NVTE_EXT_MARGIN_SM and torch's SM
-    carveout read k inside backward (where the updates run), and the values before it once it ends.
-    On a CPU the stepper has no SMs to leave (its margin is 0), so the test sets one by hand."""
-    from harness.optim.in_backward import SM_MARGIN_ENV
-
-    monkeypatch.delenv(SM_MARGIN_ENV, raising=False)
-    trainer = _trainer(tmp_path, "optimizer.step_in_backward=true", "optimizer.backward_sm_margin=12")
-    stepper = trainer.optimizer.in_backward
-    assert stepper.sm_margin == 0 and trainer.cfg.optimizer.backward_sm_margin == 12
-    stepper.sm_margin = 12
-    seen = []
-    forward = []
-    stepper.after_update = lambda p: seen.append((os.environ.get(SM_MARGIN_ENV), _carveout()))
-    block = trainer.model.blocks[0]
-    block.register_forward_pre_hook(lambda m, a: forward.append(os.environ.get(SM_MARGIN_ENV)))
-    before = _carveout()
-    trainer.train_step(0)
-    assert forward == [None]
-    assert seen and set(seen) == {("12", 12)}
-    assert os.environ.get(SM_MARGIN_ENV) is None and _carveout() == before
-
-
-def test_sm_margin_restores_a_previous_value(monkeypatch):
-    from harness.optim.in_backward import SM_MARGIN_ENV, sm_margin
-
-    monkeypatch.setenv(SM_MARGIN_ENV, "3")
-    with pytest.raises(RuntimeError), sm_margin(20):
-        assert os.environ[SM_MARGIN_ENV] == "20" and _carveout() == 20
-        raise RuntimeError("backward failed")
-    assert os.environ[SM_MARGIN_ENV] == "3" and _carveout() is None
-
-
-def _carveout():
-    return torch._C._get_sm_carveout_experimental()
