@@ -325,7 +325,7 @@ _SPECS += tuple(
         fp8_fast_accumulation="all",
     )
     for s in _SPECS
-    if s.name in ("tensorwise", "tensorwise_fp8head", "tensorwise_fp8headbwd")
+    if s.name in ("tensorwise", "tensorwise_fp8attn", "tensorwise_fp8head", "tensorwise_fp8headbwd")
 )
 REGISTRY: dict[str, RecipeSpec] = {s.name: s for s in _SPECS}
 BASELINE = "bf16"

@@ -85,6 +85,7 @@ def test_native_recipes_by_compute_capability():
         "tensorwise_fp8head",
         "tensorwise_fp8attn_fp8head",
         "tensorwise_fastacc",
+        "tensorwise_fp8attn_fastacc",
         "tensorwise_fp8head_fastacc",
         "tensorwise_fp8headbwd",
         "tensorwise_fp8headbwd_fastacc",

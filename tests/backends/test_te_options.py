@@ -276,9 +276,11 @@ def test_fast_accumulation_recipes_are_valid_on_hopper_with_te_only(recipe):
     [
         ("tensorwise", "changes numerics, so it is a recipe of its own; use recipe=tensorwise_fastacc"),
         ("tensorwise_fp8head", "use recipe=tensorwise_fp8head_fastacc"),
+        ("tensorwise_fp8attn", "use recipe=tensorwise_fp8attn_fastacc"),
         (
-            "tensorwise_fp8attn",
-            "only ['tensorwise_fastacc', 'tensorwise_fp8head_fastacc', 'tensorwise_fp8headbwd_fastacc']",
+            "tensorwise_fp8attn_fp8head",
+            "only ['tensorwise_fastacc', 'tensorwise_fp8attn_fastacc', 'tensorwise_fp8head_fastacc', "
+            "'tensorwise_fp8headbwd_fastacc']",
         ),
         (
             "delayed",

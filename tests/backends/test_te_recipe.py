@@ -68,6 +68,7 @@ def _split(rec) -> tuple[bool, bool, bool]:
         ("tensorwise_fp8head", (False, True, True)),
         ("tensorwise_fastacc", (False, False, False)),
         ("tensorwise_fp8head_fastacc", (False, False, False)),
+        ("tensorwise_fp8attn_fastacc", (False, False, False)),
     ],
 )
 def test_fast_accumulation_sets_float8_current_scalings_gemm_params(stand_in_te, recipe, split):
@@ -83,6 +84,7 @@ def test_the_fast_accumulation_recipes_are_their_bases_plus_the_field():
     for name, base in (
         ("tensorwise_fastacc", "tensorwise"),
         ("tensorwise_fp8head_fastacc", "tensorwise_fp8head"),
+        ("tensorwise_fp8attn_fastacc", "tensorwise_fp8attn"),
     ):
         spec, base_spec = recipes.get(name), recipes.get(base)
         assert spec.te_recipe_class == "Float8CurrentScaling" and spec.te_only
