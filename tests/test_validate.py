@@ -141,6 +141,22 @@ def test_nvte_environment_conflict(monkeypatch):
     validate(compose_cfg("recipe=blockwise", "backend=te", "hardware=h100"), for_export=True)
 
 
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
+def test_gemm_gelu_fusion_needs_userbuffers_lowp_does_not_set_up(monkeypatch, recipe):
+    """TE builds a GELU LayerNormMLP with NVTE_GEMM_GELU_FUSION=1 only once its userbuffers exist
+    (TypeError otherwise): refused before any model is built, in one line naming the variable; a
+    SwiGLU model never reads it."""
+    monkeypatch.setenv("NVTE_GEMM_GELU_FUSION", "1")
+    msg = error_of(f"recipe={recipe}", "backend=te", "hardware=h100", export=True)
+    assert msg.startswith("environment NVTE_GEMM_GELU_FUSION=1: TE 2.20 fuses GELU into the FP8 fc1 GEMM")
+    assert msg.endswith("; unset it")
+    validate(
+        compose_cfg(f"recipe={recipe}", "backend=te", "hardware=h100", "model=llama3_1b"), for_export=True
+    )
+    monkeypatch.setenv("NVTE_GEMM_GELU_FUSION", "0")
+    validate(compose_cfg(f"recipe={recipe}", "backend=te", "hardware=h100"), for_export=True)
+
+
 def test_mxfp8_param_gather_without_reuse_warns():
     notes = warnings_of("experiment=blackwell_fp8", "optimizer.reuse_grad_buf_for_mxfp8_param_ag=false")
     assert any("reuse_grad_buf_for_mxfp8_param_ag" in n for n in notes)

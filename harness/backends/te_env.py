@@ -25,6 +25,24 @@ def wanted(recipe: RecipeConfig) -> dict[str, str]:
     return {**env, **dpa_env(recipe.fp8_dpa, recipe.fp8_mha, recipe.fp8_dpa_recipe)}
 
 
+# NVTE_* switches TE honours only with machinery lowp never sets up, each with why
+NEEDS_USERBUFFERS = {
+    "NVTE_GEMM_GELU_FUSION": (
+        "TE 2.20 fuses GELU into the FP8 fc1 GEMM only with its userbuffers comm-GEMM overlap (tensor "
+        "parallelism), which lowp does not set up, and its LayerNormMLP fails to build without it"
+    ),
+}
+
+
+def userbuffers_errors(activation: str) -> list[str]:
+    """One line per NEEDS_USERBUFFERS switch the user turned on (TE reads it for GELU MLPs only)."""
+    return [
+        f"environment {var}={os.environ[var]}: {why}; unset it"
+        for var, why in NEEDS_USERBUFFERS.items()
+        if activation == "gelu" and os.environ.get(var, "0") not in ("", "0")
+    ]
+
+
 def conflicts(recipe: RecipeConfig) -> list[str]:
     """One line per variable the user set to a value the config contradicts."""
     errs = []

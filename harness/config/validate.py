@@ -12,6 +12,7 @@ import warnings
 from harness import recipes
 from harness.backends.capability import resolve_backend_name, te_installed_version
 from harness.backends.te_env import conflicts as nvte_conflicts
+from harness.backends.te_env import userbuffers_errors
 from harness.backends.te_options import option_errors, option_warnings
 from harness.config import schema
 from harness.config.reference_rules import reference_errors
@@ -341,7 +342,7 @@ def _te_errors(cfg: Config) -> list[str]:
                     f"{key}={dim} is not divisible by {n}, which recipe={r.name} GEMMs need on "
                     f"backend=te: make it a multiple of {n}"
                 )
-    return errs + nvte_conflicts(r)
+    return errs + nvte_conflicts(r) + userbuffers_errors(cfg.model.activation)
 
 
 def _te_version_errors(cfg: Config, spec: recipes.RecipeSpec) -> list[str]:
