@@ -380,14 +380,14 @@ def support_errors(cfg: Config) -> list[str]:
             "the real ones in TE FusedAdam's master weights: set optimizer.master_weights=true and "
             "optimizer.optimizer_cpu_offload=false"
         )
-    return errs + _in_backward_errors(cfg) + parallel_errors(cfg)
+    return errs + _in_backward_errors(cfg) + _weights_in_backward_errors(cfg) + parallel_errors(cfg)
 
 
 def _in_backward_errors(cfg: Config) -> list[str]:
     """optimizer.step_in_backward: a torch AdamW step per parameter, so nothing global in the step."""
     o = cfg.optimizer
     if not o.step_in_backward:
-        return _weights_in_backward_errors(cfg)
+        return []
     why = []
     if uses_te(cfg) and o.master_weights:
         why.append(
@@ -414,7 +414,7 @@ def _in_backward_errors(cfg: Config) -> list[str]:
         why.append("data parallelism reduces the gradients after backward: use one process, parallel=none")
     if cfg.backend.cuda_graphs:
         why.append("the graphed blocks' backward is replayed whole: set backend.cuda_graphs=false")
-    return [f"optimizer.step_in_backward=true: {w}" for w in why] + _weights_in_backward_errors(cfg)
+    return [f"optimizer.step_in_backward=true: {w}" for w in why]
 
 
 def _weights_in_backward_errors(cfg: Config) -> list[str]:
