@@ -12,6 +12,10 @@ commit of its own that says why:
 
 The run is fixed here, not in the test, so the test and the generator cannot drift apart: 8 steps of
 2 micro-batches (accumulation on), logged every step, no eval, no checkpoint, one thread.
+
+The CPU's matrix units change the last bits: on a CPU with AMX (Sapphire Rapids and later) oneDNN's
+bf16 GEMMs round differently from the AVX-512/AVX2 kernels, so such a machine has curves of its own,
+`<name>_tiny_cpu.amx.txt`, made from the same code as the plain ones (`platform()` picks the file).
 """
 
 from __future__ import annotations
@@ -46,8 +50,18 @@ CASES: dict[str, list[str]] = {
 }
 
 
-def path_of(name: str) -> Path:
-    return ASSETS / f"{name}_tiny_cpu.txt"
+def platform() -> str:
+    """"amx" on a CPU whose bf16 GEMMs run on AMX tiles, else "" (the reference curves)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return "amx" if " amx_bf16" in flags else ""
+
+
+def path_of(name: str, where: str | None = None) -> Path:
+    where = platform() if where is None else where
+    return ASSETS / (f"{name}_tiny_cpu.{where}.txt" if where else f"{name}_tiny_cpu.txt")
 
 
 def curve(name: str) -> list[tuple[int, float]]:
@@ -74,8 +88,8 @@ def format_curve(points: list[tuple[int, float]]) -> str:
     return "".join(f"{step} {loss!r}\n" for step, loss in points)
 
 
-def read_curve(name: str) -> list[tuple[int, float]]:
-    pairs = (line.split() for line in path_of(name).read_text().splitlines() if line.strip())
+def read_curve(name: str, where: str | None = None) -> list[tuple[int, float]]:
+    pairs = (line.split() for line in path_of(name, where).read_text().splitlines() if line.strip())
     return [(int(s), float(v)) for s, v in pairs]
 
 

@@ -17,7 +17,14 @@ def test_golden_loss_curve(name):
 
 def test_curves_differ_between_recipes():
     """A recipe that silently fell back to BF16 would reproduce the BF16 curve: none does."""
-    bf16 = read_curve("bf16")
-    for name in CASES:
-        if name != "bf16":
-            assert read_curve(name) != bf16, name
+    for where in ("", "amx"):
+        bf16 = read_curve("bf16", where)
+        for name in CASES:
+            if name != "bf16":
+                assert read_curve(name, where) != bf16, (name, where)
+
+
+def test_every_platform_has_every_case():
+    for where in ("", "amx"):
+        for name in CASES:
+            assert path_of(name, where).is_file(), path_of(name, where)
