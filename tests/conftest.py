@@ -9,6 +9,7 @@ import os
 import platform
 import shlex
 import subprocess
+import types
 
 import pytest
 
@@ -90,7 +91,7 @@ def pytest_runtest_protocol(item, nextitem):
     with pytest.MonkeyPatch.context() as mp:
         for owner, name, describe in SPAWNERS:
             if hasattr(owner, name):
-                mp.setattr(owner, name, _refuse(item.nodeid, describe, attempts))
+                mp.setattr(owner, name, _refuse(item.nodeid, owner, name, describe, attempts))
         mp.setattr("harness.artifacts.git_state", git_state_from_files)
         mp.setattr(platform, "processor", lambda: "")
         return (yield)
@@ -99,7 +100,7 @@ def pytest_runtest_protocol(item, nextitem):
 _ATTEMPTS = pytest.StashKey[list]()
 
 
-def _refuse(nodeid: str, describe, attempts: list):
+def _refuse(nodeid: str, owner, name: str, describe, attempts: list):
     def refused(*args, **kwargs):
         what = describe(*args, **kwargs)
         attempts.append(what)
@@ -109,6 +110,10 @@ def _refuse(nodeid: str, describe, attempts: list):
             "(harness.train.run, harness.sweep.main, ...) or mark the test @pytest.mark.slow."
         )
 
+    # named as what it replaces, so pickle still refers to it by name (os.system in a test's payload)
+    module = isinstance(owner, types.ModuleType)
+    refused.__module__ = owner.__name__ if module else owner.__module__
+    refused.__name__, refused.__qualname__ = name, name if module else f"{owner.__qualname__}.{name}"
     return refused
 
 
