@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-# every benchmark module is imported below; analysis_load's `analysis` needs pandas
-pytest.importorskip("pandas", reason="the analysis package (benchmarks.analysis_load) needs pandas")
-
-import benchmarks  # noqa: E402
-from benchmarks import specs  # noqa: E402
-from benchmarks.throughput import anchor_shape  # noqa: E402
-from tests.helpers import compose_cfg  # noqa: E402
+import benchmarks
+from benchmarks import specs
+from benchmarks.throughput import anchor_shape
+from tests.helpers import compose_cfg
 
 MODULES = sorted(
     m.name
