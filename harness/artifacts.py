@@ -136,6 +136,9 @@ class Summary:
 
     status: str = FAILED
     recipe: str | None = None
+    recipe_label: str | None = None
+    """The family plus a readable label per recipe field changed from its preset
+    (`tensorwise + fast accumulation`); the report's arms and W&B names use it."""
     variant: str | None = None
     backend: str | None = None
     hardware: str | None = None

@@ -33,12 +33,9 @@ def resolve_hardware(hw: HardwareConfig) -> HardwareConfig:
     major, minor = torch.cuda.get_device_capability()
     cc = major + minor / 10
     native = recipes.native_on(cc)
-    props = torch.cuda.get_device_properties(0)
     return HardwareConfig(
         name=torch.cuda.get_device_name(),
-        arch="unknown",
         compute_capability=cc,
-        memory_gib=round(props.total_memory / 2**30, 1),
         native_recipes=native,
     )
 

@@ -93,7 +93,7 @@ def wandb_config(run_json: dict) -> dict:
     resolved = {
         "backend": prov.get("backend"), "hardware": prov.get("hardware"), "te_version": prov.get("te"),
         "torch_version": prov.get("torch"), "cuda": prov.get("cuda"), "gpu_name": prov.get("gpu_name"),
-        "recipe": name(cfg.get("recipe")), "variant": variant,
+        "recipe": name(cfg.get("recipe")), "recipe_label": prov.get("recipe_label"), "variant": variant,
         "model": name(cfg.get("model")), "data": name(cfg.get("data")), "seed": cfg.get("seed"),
         "config_warnings": len(run_json.get("config_warnings") or []),
     }  # fmt: skip

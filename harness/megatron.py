@@ -22,7 +22,6 @@ import sys
 import textwrap
 
 from harness import recipes
-from harness.backends.te_attention import dpa_env
 from harness.config.schema import Config, RecipeConfig
 from harness.megatron_arch import architecture_flags
 
@@ -91,19 +90,10 @@ RUN_FLAGS = (
 # RecipeConfig fields a Megatron flag carries whatever the recipe (the others become comments).
 _ALWAYS_EXPRESSED = {"name", "fp8", "fp4"}
 # FP8 attention: TransformerConfig fields Megatron has no flag for (arguments.py excludes them from
-# its argparse), set by the model provider (provider_fields), plus the NVTE_DPA_* switch (nvte_env)
-_ATTENTION_FIELDS = {
-    "fp8_dpa": "fp8_dot_product_attention",
-    "fp8_mha": "fp8_multi_head_attention",
-    "fp8_dpa_recipe": None,
-}
-# lowp-only recipe fields: no flag, no TransformerConfig field, each a note of recipe_flags
-_LOWP_ONLY_FIELDS = {
-    "fp8_lm_head",  # Megatron's output layer is never FP8
-    "fp8_lm_head_fprop",
-    "fp8_lm_head_grad_format",
-    "fp8_fast_accumulation",  # Megatron builds Float8CurrentScaling with TE's default MMParams
-}
+# its argparse), set by the model provider (provider_fields)
+_ATTENTION_FIELDS = {"fp8_dpa": "fp8_dot_product_attention", "fp8_mha": "fp8_multi_head_attention"}
+# recipe fields with no flag and no TransformerConfig field, each a note of recipe_flags
+_LOWP_ONLY_FIELDS = {"fp8_fast_accumulation"}  # Megatron builds Float8CurrentScaling with TE's MMParams
 _HISTORY_FIELDS = {"fp8_amax_history_len", "fp8_amax_compute_algo"}
 
 
@@ -171,8 +161,6 @@ def nvte_env(cfg: Config) -> dict[str, str]:
     r, s = cfg.recipe, cfg.stability
     spec = recipes.get(r.name)
     env = {var: v for var, v in spec.nvte_env(r).items() if v != "0"}
-    # FP8 attention's recipe switch: TE's DotProductAttention reads it at import (Megatron's too)
-    env.update({var: v for var, v in dpa_env(r.fp8_dpa, r.fp8_mha, r.fp8_dpa_recipe).items() if v != "0"})
     if not s.fp8_wgrad and spec.quantizes_gemms and spec.te_high_precision_backward_ok:
         # Megatron passes fp8_wgrad only to DelayedScaling; every other TE recipe class takes its
         # backward_override default from this variable, which is what lowp's TE backend sets
@@ -216,16 +204,11 @@ def recipe_flags(cfg: Config) -> Part:
             flags.append(("--fp4-quantizer-factory", _dotted(r.quantizer_factory)))
     if mg.note:
         notes.append(mg.note.format(**dataclasses.asdict(r)))
-    if r.fp8_lm_head:
-        notes.append(
-            "# recipe.fp8_lm_head=true has no Megatron equivalent: Megatron's output layer is a "
-            "ColumnParallelLinear outside TE's autocast, its GEMMs always BF16 (a lowp-only recipe)"
-        )
     if r.fp8_fast_accumulation != "fprop":
         notes.append(
             f"# recipe.fp8_fast_accumulation={r.fp8_fast_accumulation} has no Megatron equivalent: Megatron "
             "builds Float8CurrentScaling(fp8_format=...) with TE's default MMParams (split accumulator in "
-            "dgrad and wgrad), so its run keeps them accurate (a lowp-only recipe)"
+            "dgrad and wgrad), so its run keeps them accurate"
         )
     if r.fp8_dpa:
         notes.append(
@@ -234,8 +217,8 @@ def recipe_flags(cfg: Config) -> Part:
             + " in the model provider's TransformerConfig (Megatron has no flag: arguments.py keeps "
             "these fields out of its argparse; it passes them to TE's recipe as fp8_dpa/fp8_mha)"
             + (
-                "; Megatron's Float8CurrentScaling takes fp8_dpa only, so fp8_mha needs the "
-                "NVTE_DPA_FP8_RECIPE_MHA=1 switch below"
+                "; Megatron builds Float8CurrentScaling with fp8_dpa only, so its run keeps the "
+                "attention I/O in BF16 (fp8_mha is not expressed)"
                 if r.fp8_mha and spec.te_recipe_class == "Float8CurrentScaling"
                 else ""
             )
@@ -311,11 +294,6 @@ def optimizer_flags(cfg: Config) -> Part:
         notes.append(
             "# optimizer.step_in_backward=true has no Megatron equivalent: Megatron steps after backward "
             "(the same update, without the overlap)"
-        )
-    if o.quantize_weights_in_backward:
-        notes.append(
-            "# optimizer.quantize_weights_in_backward=true has no Megatron equivalent: Megatron's forward "
-            "casts each weight to FP8 itself (the same copy, cast later)"
         )
     if o.activation_func_fp8_input_store:
         notes.append(

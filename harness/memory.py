@@ -53,7 +53,6 @@ def breakdown(
     *,
     peak_bytes: int | None = None,
     saved_bytes: int | None = None,
-    graphed: bool = False,
 ) -> dict:
     """GiB per category; activations are what the measured peak leaves unexplained (an estimate)."""
     params = [p for p in model.parameters()]
@@ -84,11 +83,6 @@ def breakdown(
         # of those activations: what autograd holds for backward (SavedTensors), the rest is the
         # transient peak (logits and loss buffers, backward's temporaries, allocator rounding)
         out["saved_for_backward_gib"] = saved_bytes / GIB
-        if graphed:  # CUDA-graphed layers keep their activations in the graph's static buffers
-            out["saved_for_backward_note"] = (
-                "backend.cuda_graphs: the graphed layers' activations are not in saved_for_backward "
-                "(static graph buffers, invisible to autograd's hooks); they are in transient_at_peak"
-            )
         if peak_bytes is not None:
             out["transient_at_peak_gib"] = max(0, peak_bytes - static - saved_bytes) / GIB
     return out

@@ -6,6 +6,7 @@ The LM head, embeddings, norms and attention are never quantized (numerics.md se
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
 from dataclasses import dataclass
@@ -53,11 +54,12 @@ class PrecisionPlan:
         return chosen
 
     def _override_recipe(self, ov: ModuleOverride) -> RecipeConfig:
-        """The override's full recipe: the run's own where it names the run's recipe, else the one
-        resolved when the config was loaded (or the registry's preset fields, for a bare plan)."""
-        if ov.recipe == self.recipe.name:
-            return self.recipe
-        return ov.resolved if ov.resolved is not None else recipes.default_fields(ov.recipe)
+        """The override's full recipe, as resolved when the config was loaded; for a bare plan, the
+        run's own recipe where it names the run's, else the registry's preset, with its fields."""
+        if ov.resolved is not None:
+            return ov.resolved
+        base = self.recipe if ov.recipe == self.recipe.name else recipes.default_fields(ov.recipe)
+        return dataclasses.replace(base, **ov.fields)
 
     def quantized_modules(self, names: list[str]) -> dict[str, str]:
         """name -> recipe name (the BF16 baseline's where unquantized), for run.json."""

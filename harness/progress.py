@@ -42,8 +42,9 @@ def job_line(name: str, summary: dict | None, note: str = "") -> str:
     extra = f"  at step {s['diverged_step']}" if status == "diverged" and s.get("diverged_step") else ""
     if status in ("failed", "missing") and (s.get("error") or note):
         extra = f"  {(s.get('error') or note).splitlines()[0][:120]}"
+    recipe = str(s.get("recipe_label") or s.get("recipe") or "-")
     return (
-        f"{name:<32} {str(s.get('recipe') or '-'):<11} seed {str(s.get('seed', '-')):<3} "
+        f"{name:<32} {recipe:<11} seed {str(s.get('seed', '-')):<3} "
         f"eval {fmt_loss(s.get('final_eval_loss')):<8} {status}{extra}"
     )
 

@@ -33,7 +33,6 @@ RESULT_NEUTRAL = (
     "divergence",
     "hardware.peak_tflops",
     "hardware.measured_tflops",
-    "hardware.memory_gib",
 )
 ROW_FILES = ("metrics.jsonl", "numerics.jsonl")
 MOVED_ASIDE = ("checkpoints", *ROW_FILES, "summary.json", "error.txt", "run.json")

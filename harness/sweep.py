@@ -213,7 +213,7 @@ def summary_table(jobs: list[Job], sweep_dir: Path) -> int:
         rows.append(
             (
                 job.name,
-                str(s.get("recipe") or "-"),
+                str(s.get("recipe_label") or s.get("recipe") or "-"),
                 str(job.seed),
                 status,
                 fmt_loss(s.get("final_eval_loss")),

@@ -85,7 +85,6 @@ def backend_spec(cfg: Config) -> BackendSpec:
         optimizer=cfg.optimizer,
         seed=cfg.seed,
         options=cfg.backend,
-        micro_batch_size=cfg.micro_batch_size,
     )
 
 
@@ -391,7 +390,6 @@ class Trainer:
             self.optimizer,
             peak_bytes=peak,
             saved_bytes=self.saved_bytes,
-            graphed=getattr(cfg.backend, "cuda_graphs", False),
         )  # this rank's (rank 0)
         summary.peak_mem_gib = peak / 2**30 if peak is not None else None
         summary.world_size = self.dist.world
@@ -459,6 +457,7 @@ def _run(cfg, run_dir, stop, resume_command, config_warnings, dist: D.Dist) -> S
         backend_name = resolve_backend_name(cfg.backend.name, cfg.recipe.name)
         summary = Summary(
             recipe=cfg.recipe.name,
+            recipe_label=recipes.label(cfg.recipe),
             variant=variant(cfg),
             hardware=cfg.hardware.name,
             model=cfg.model.name,
@@ -470,10 +469,10 @@ def _run(cfg, run_dir, stop, resume_command, config_warnings, dist: D.Dist) -> S
             open_logger(
                 cfg.logger,
                 run_dir=run_dir,
-                name=cfg.name or f"{cfg.recipe.name}-s{cfg.seed}",
+                name=cfg.name or f"{recipes.label(cfg.recipe)} s{cfg.seed}",
                 group=_sweep_group(run_dir),
                 job_type=cfg.recipe.name,
-                tags=[cfg.recipe.name, backend_name, variant(cfg)],
+                tags=[cfg.recipe.name, recipes.label(cfg.recipe), backend_name, variant(cfg)],
                 config=config,
                 run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
             )
@@ -676,6 +675,7 @@ def _run_json(
         device=trainer.device,
     )
     prov.update(
+        recipe_label=recipes.label(cfg.recipe),
         init=trainer.init,
         params=trainer.params,
         flops_per_token=trainer.flops_per_token,

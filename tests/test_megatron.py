@@ -120,9 +120,9 @@ def test_cli_prints_flags_and_refuses_illegal_configs():
     assert res.returncode == 2 and res.stderr.strip().startswith("error: optimizer.optimizer_cpu_offload")
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise_fastacc", "tensorwise_fp8head_fastacc"])
-def test_fast_accumulation_is_a_note_megatron_cannot_follow(recipe):
-    argv, notes = megatron_args(compose_cfg("model=gpt_tiny", "backend=te", f"recipe={recipe}"))
+def test_fast_accumulation_is_a_note_megatron_cannot_follow():
+    fast = ("recipe=tensorwise", "recipe.fp8_fast_accumulation=all")
+    argv, notes = megatron_args(compose_cfg("model=gpt_tiny", "backend=te", *fast))
     assert pairs(argv)["--fp8-recipe"] == "tensorwise" and not any("fast" in a or "split" in a for a in argv)
     (note,) = [n for n in notes if "fp8_fast_accumulation" in n]
     assert note.startswith("# recipe.fp8_fast_accumulation=all has no Megatron equivalent")
@@ -219,15 +219,6 @@ def test_custom_factory_is_a_dotted_path_megatron_resolves():
     [
         (["optimizer=bf16_params"], "optimizer.master_weights=false"),
         (["optimizer=bf16_params", "optimizer.step_in_backward=true"], "optimizer.step_in_backward=true"),
-        (
-            [
-                "optimizer=bf16_params",
-                "recipe=tensorwise",
-                "optimizer.step_in_backward=true",
-                "optimizer.quantize_weights_in_backward=true",
-            ],
-            "optimizer.quantize_weights_in_backward=true",
-        ),
         (["recipe=blockwise", "recipe.x_block_dim=2", "recipe.w_block_dim=1"], "recipe.x_block_dim=2"),
         (["recipe=blockwise", "recipe.x_block_dim=2", "recipe.w_block_dim=1"], "recipe.w_block_dim=1"),
         (["recipe=tensorwise", "recipe.amax_epsilon=1e-12"], "recipe.amax_epsilon=1e-12"),
@@ -389,25 +380,19 @@ def test_cross_entropy_loss_fusion_is_megatrons_flag_with_its_native_kernel():
     assert "--cross-entropy-loss-fusion" not in megatron_args(compose_cfg("model=gpt_tiny"))[0]
 
 
-@pytest.mark.parametrize(
-    ("recipe", "env"),
-    [
-        ("tensorwise_fp8attn", {"NVTE_DPA_FP8_RECIPE": "DelayedScaling", "NVTE_DPA_FP8_RECIPE_DPA": "1"}),
-        ("delayed_fp8attn", {}),  # attention follows the delayed recipe itself: no switch
-    ],
-)
-def test_fp8_attention_is_a_provider_field_and_the_dpa_switch(recipe, env):
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_fp8_attention_is_a_provider_field(recipe):
     from harness.megatron import nvte_env, provider_fields
 
-    cfg = compose_cfg("model=gpt_tiny", "backend=te", f"recipe={recipe}")
+    cfg = compose_cfg("model=gpt_tiny", "backend=te", f"recipe={recipe}", "recipe.fp8_dpa=true")
     argv, notes = megatron_args(cfg)
     # Megatron d98e8a6 keeps fp8_dot_product_attention out of its argparse: no flag to print
     assert not any("dot-product-attention" in a or "multi-head-attention" in a for a in argv)
     assert provider_fields(cfg) == {"fp8_dot_product_attention": True}
-    assert {k: v for k, v in nvte_env(cfg).items() if k in env} == env
-    if not env:
-        assert not any(k.startswith("NVTE_DPA_") for k in nvte_env(cfg))
+    assert not any(k.startswith("NVTE_DPA_") for k in nvte_env(cfg))
     assert any("fp8_dot_product_attention=True" in n for n in notes)
     assert not any("recipe.fp8_dpa=True has no Megatron flag" in n for n in notes)
-    cfg = compose_cfg("model=gpt_tiny", "backend=te", "recipe=delayed_fp8attn", "recipe.fp8_mha=true")
+    cfg = compose_cfg(
+        "model=gpt_tiny", "backend=te", "recipe=delayed", "recipe.fp8_dpa=true", "recipe.fp8_mha=true"
+    )
     assert provider_fields(cfg) == {"fp8_dot_product_attention": True, "fp8_multi_head_attention": True}

@@ -74,25 +74,54 @@ def test_nvte_vars_follow_the_fields():
 
 
 def test_native_recipes_by_compute_capability():
-    hopper = {
-        "bf16",
-        "int4_qat",
-        "delayed",
-        "tensorwise",
-        "blockwise",
-        "tensorwise_fp8attn",
-        "delayed_fp8attn",
-        "tensorwise_fp8head",
-        "tensorwise_fp8attn_fp8head",
-        "tensorwise_fastacc",
-        "tensorwise_fp8attn_fastacc",
-        "tensorwise_fp8head_fastacc",
-        "tensorwise_fp8headbwd",
-        "tensorwise_fp8headbwd_fastacc",
-    }
+    hopper = {"bf16", "int4_qat", "delayed", "tensorwise", "blockwise"}
     assert set(recipes.native_on(9.0)) == hopper
     assert {"mxfp8", "nvfp4"} <= set(recipes.native_on(10.0))
     assert "mxfp8" not in recipes.native_on(12.0) and "blockwise" not in recipes.native_on(8.0)
+
+
+def test_recipes_are_the_eight_families():
+    assert recipes.names() == (
+        "bf16",
+        "delayed",
+        "tensorwise",
+        "blockwise",
+        "mxfp8",
+        "nvfp4",
+        "int4_qat",
+        "custom",
+    )
+
+
+def test_label_names_the_fields_changed_from_the_preset():
+    tensorwise = recipes.default_fields("tensorwise")
+    assert recipes.label(tensorwise) == "tensorwise"
+    fast = dataclasses.replace(tensorwise, fp8_fast_accumulation="all")
+    assert recipes.label(fast) == "tensorwise + fast accumulation"
+    attn = dataclasses.replace(recipes.default_fields("delayed"), fp8_dpa=True, fp8_mha=True)
+    assert recipes.label(attn) == "delayed + FP8 attention + FP8 attention I/O"
+    nv = dataclasses.replace(
+        recipes.default_fields("nvfp4"), disable_rht=True, disable_stochastic_rounding=True
+    )
+    assert recipes.label(nv) == "nvfp4 + no RHT + no stochastic rounding"
+    # a field without words is shown as name=value; a preset's own non-default value is not a change
+    assert (
+        recipes.label(dataclasses.replace(tensorwise, amax_epsilon=1e-6)) == "tensorwise + amax_epsilon=1e-06"
+    )
+    assert recipes.label(recipes.default_fields("blockwise")) == "blockwise"
+
+
+def test_every_removed_name_maps_to_a_family_and_valid_fields():
+    assert len(recipes.LEGACY) == 9 and not set(recipes.LEGACY) & set(recipes.names())
+    known = {f.name for f in dataclasses.fields(RecipeConfig)}
+    for name, old in recipes.LEGACY.items():
+        assert old.family in recipes.names(), name
+        assert set(old.fields) <= known and not set(old.removed) & known, name
+        assert old.label.startswith(old.family + " + "), name
+        assert all(recipes.field_label(k, v) in old.label for k, v in old.fields.items()), name
+        message = recipes.legacy_message(name)
+        assert message.startswith(f"recipe={name} is no longer a recipe") and old.replacement in message
+        assert "\n" not in message
 
 
 def test_the_hardware_presets_agree_with_the_registry():

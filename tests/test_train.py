@@ -233,7 +233,7 @@ def test_trainer_tells_the_backend_each_microbatch(tmp_path, monkeypatch):
     )
     assert run(cfg, tmp_path).status == "completed"
     assert calls == [(0, 3), (1, 3), (2, 3), (None, 3)] * 2
-    te = SimpleNamespace(weight_cache=None)  # no optimizer.quantize_weights_in_backward
+    te = SimpleNamespace()
     flags = []
     for i, n in [(0, 3), (1, 3), (2, 3), (None, 3), (0, 1), (None, 1)]:
         TEBackend.microbatch(te, i, n)

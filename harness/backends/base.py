@@ -39,8 +39,6 @@ class BackendSpec:
     seed: int = 0
     options: BackendConfig = field(default_factory=BackendConfig)
     """The backend group's execution options (backend.packed_qkv_grad, ...)."""
-    micro_batch_size: int = 1
-    """Sequences per forward (the shape CUDA graphs are captured for)."""
 
     @property
     def plan(self) -> PrecisionPlan:

@@ -1,6 +1,6 @@
-"""Attention-side options of the TE backend: the packed QKV gradient, and FP8 attention's recipe.
+"""The packed QKV gradient of the TE backend (`backend.packed_qkv_grad`).
 
-Packed QKV gradient (`backend.packed_qkv_grad`). With learned positions, no QK norm and as many
+With learned positions, no QK norm and as many
 key/value heads as query heads, TE 2.20's MultiheadAttention hands DotProductAttention the fused
 QKV output as one packed (B, T, H, 3, D) tensor, and DotProductAttention takes q, k and v from it
 with `select`. cuDNN's backward writes dq, dk and dv into one packed dQKV buffer, but autograd sees
@@ -10,56 +10,11 @@ takes q, k, v out through one node whose backward returns that dQKV buffer itsel
 grads are its slices (else it stacks them: one copy). The attention kernel and every number are
 unchanged: q, k, v are the same views, and DotProductAttention finds the same packed layout from
 their pointers.
-
-FP8 attention (`recipe.fp8_dpa`, `recipe.fp8_mha`, `recipe.fp8_dpa_recipe`). TE reads the attention
-recipe switch from `NVTE_DPA_FP8_*` variables, at import, into module globals. lowp sets the
-variables from config before TE is imported (harness.backends.te_env) and, since a process may run
-several jobs (a Hydra multirun), also sets TE's module copies to this run's values.
 """
 
 from __future__ import annotations
 
 import torch
-
-# TE 2.20.2's defaults for the delayed-scaling recipe it builds for attention under another recipe
-# (dot_product_attention.py: NVTE_DPA_FP8DS_AMAX_ALGO, _AMAX_HISTLEN, _REDUCE_AMAX), set explicitly
-DPA_DELAYED = {"amax_compute_algo": "most_recent", "amax_history_len": 1, "reduce_amax": True}
-DPA_RECIPES = {"delayed": "DelayedScaling"}  # recipe.fp8_dpa_recipe -> NVTE_DPA_FP8_RECIPE
-
-
-def dpa_env(fp8_dpa: bool, fp8_mha: bool, fp8_dpa_recipe: str | None) -> dict[str, str]:
-    """The NVTE_DPA_* values an attention recipe switch needs ({} when attention follows the
-    linears' recipe, TE's default)."""
-    if not (fp8_dpa and fp8_dpa_recipe in DPA_RECIPES):
-        return {}  # an unknown fp8_dpa_recipe is validation's to report
-    return {
-        "NVTE_DPA_FP8_RECIPE": DPA_RECIPES[fp8_dpa_recipe],
-        # with the switch set, MultiheadAttention reads fp8_dpa / fp8_mha from these, not the recipe
-        "NVTE_DPA_FP8_RECIPE_DPA": "1" if fp8_dpa else "0",
-        "NVTE_DPA_FP8_RECIPE_MHA": "1" if fp8_mha else "0",
-        "NVTE_DPA_FP8DS_AMAX_ALGO": DPA_DELAYED["amax_compute_algo"],
-        "NVTE_DPA_FP8DS_AMAX_HISTLEN": str(DPA_DELAYED["amax_history_len"]),
-        "NVTE_DPA_FP8DS_REDUCE_AMAX": "1" if DPA_DELAYED["reduce_amax"] else "0",
-    }
-
-
-def apply_dpa_globals(env: dict[str, str]) -> None:
-    """Make TE's import-time copies of the NVTE_DPA_* switch agree with `env` (TE's defaults where
-    `env` has no value), whichever job of this process imported TE first."""
-    import importlib
-
-    mha = importlib.import_module("transformer_engine.pytorch.attention.multi_head_attention")
-    dpa = importlib.import_module(
-        "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
-    )
-
-    recipe = env.get("NVTE_DPA_FP8_RECIPE", "")
-    mha._dpa_fp8_recipe = dpa._dpa_fp8_recipe = recipe
-    mha._dpa_fp8_recipe_dpa = env.get("NVTE_DPA_FP8_RECIPE_DPA", "0") == "1"
-    mha._dpa_fp8_recipe_mha = env.get("NVTE_DPA_FP8_RECIPE_MHA", "0") == "1"
-    dpa._dpa_fp8ds_amax_algo = env.get("NVTE_DPA_FP8DS_AMAX_ALGO", DPA_DELAYED["amax_compute_algo"])
-    dpa._dpa_fp8ds_amax_histlen = int(env.get("NVTE_DPA_FP8DS_AMAX_HISTLEN", DPA_DELAYED["amax_history_len"]))
-    dpa._dpa_fp8ds_reduce_amax = env.get("NVTE_DPA_FP8DS_REDUCE_AMAX", "1") == "1"
 
 
 def _tiles(grads: tuple, dim: int, shape: torch.Size, stride: tuple[int, ...]) -> torch.Tensor | None:

@@ -37,14 +37,16 @@ def compose_config(overrides: list[str] | None = None) -> Config:
 
 def resolve_overrides(cfg: Config) -> None:
     """Fill each stability override's `resolved` with the full recipe that module runs: the run's
-    own recipe where the override names it, else the registry's preset (conf/recipe agrees)."""
+    own recipe where the override names it, else the registry's preset (conf/recipe agrees), with
+    the override's `fields` on top."""
     from harness import recipes
 
+    known = {f.name for f in dataclasses.fields(RecipeConfig)} - {"name"}
     for ov in cfg.stability.overrides:
-        if ov.resolved is not None or ov.recipe not in recipes.names():
+        if ov.resolved is not None or ov.recipe not in recipes.names() or set(ov.fields) - known:
             continue  # already resolved, or unknown (validation names it)
-        own = ov.recipe == cfg.recipe.name
-        ov.resolved = dataclasses.replace(cfg.recipe) if own else recipes.default_fields(ov.recipe)
+        base = cfg.recipe if ov.recipe == cfg.recipe.name else recipes.default_fields(ov.recipe)
+        ov.resolved = dataclasses.replace(base, **ov.fields)
 
 
 def prepare(cfg: Config, *, for_export: bool = False, warnings_out: list[str] | None = None) -> Config:

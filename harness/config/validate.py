@@ -7,6 +7,7 @@ Megatron export checks only these); `support_errors` is what lowp cannot run yet
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 from harness import recipes
@@ -33,7 +34,6 @@ NAMES = {
     "recipe.fp4": (None, *schema.FP4_FORMATS),
     "recipe.fp8_amax_compute_algo": ("max", "most_recent"),
     "recipe.fp8_fast_accumulation": schema.FP8_FAST_ACCUMULATION,
-    "recipe.fp8_lm_head_grad_format": (None, *schema.FP8_LM_HEAD_GRAD_FORMATS),
     "optimizer.main_grads_dtype": ("fp32", "bf16"),
     "optimizer.main_params_dtype": ("fp32", "fp16"),
     "optimizer.exp_avg_dtype": schema.STATE_DTYPES,
@@ -49,7 +49,6 @@ NAMES = {
     "resume": schema.RESUME_MODES,
     "parallel.strategy": schema.PARALLEL_STRATEGIES,
     "parallel.backend": ("auto", "gloo", "nccl"),
-    "dtype": ("bf16",),
 }
 
 
@@ -145,6 +144,8 @@ def _rope_scaling_errors(m: schema.ModelConfig) -> list[str]:
 
 
 def _name_errors(cfg: Config) -> list[str]:
+    if cfg.recipe.name in recipes.LEGACY:
+        return [recipes.legacy_message(cfg.recipe.name)]
     errs = []
     for key, allowed in NAMES.items():
         if _get(cfg, key) not in allowed:
@@ -207,12 +208,34 @@ def _stability_errors(s: StabilityConfig, r: RecipeConfig, m: ModelConfig) -> li
                 f"exceeds model.num_layers={m.num_layers}: Megatron checks each count alone and would "
                 f"keep every block BF16; lower them so that their sum is at most {m.num_layers}"
             )
-    for ov in s.overrides:
-        if ov.recipe not in recipes.names():
-            errs.append(
-                f"stability.overrides pattern={ov.pattern} recipe={ov.recipe}: unknown; use bf16 "
-                f"or one of {list(recipes.names())}"
-            )
+    return errs + [e for ov in s.overrides for e in _override_errors(ov)]
+
+
+def _override_errors(ov: schema.ModuleOverride) -> list[str]:
+    """A stability override's recipe and fields, checked as the run's own recipe.* is."""
+    where = f"stability.overrides pattern={ov.pattern}"
+    if ov.recipe in recipes.LEGACY:
+        return [recipes.legacy_message(ov.recipe, where=f"{where} recipe")]
+    if ov.recipe not in recipes.names():
+        return [f"{where} recipe={ov.recipe}: unknown; use bf16 or one of {list(recipes.names())}"]
+    known = {f.name for f in dataclasses.fields(RecipeConfig)} - {"name"}
+    bad = [k for k in ov.fields if k not in known]
+    if bad:
+        return [
+            f"{where} fields.{bad[0]}: no such recipe field; use fields of conf/recipe/{ov.recipe}.yaml "
+            "(python -m harness.train --cfg job lists them)"
+        ]
+    if ov.resolved is None:
+        return []
+    errs = [f"{where}: {e}" for e in _recipe_errors(ov.resolved)]
+    for key, allowed in NAMES.items():
+        if key.startswith("recipe.") and key != "recipe.name":
+            value = getattr(ov.resolved, key.split(".", 1)[1])
+            if value not in allowed:
+                errs.append(
+                    f"{where} fields.{key.split('.', 1)[1]}={value}: unknown; choose one of "
+                    f"{[a for a in allowed if a is not None]}"
+                )
     return errs
 
 
@@ -294,10 +317,14 @@ def legality_errors(cfg: Config) -> list[str]:
     errs += _stability_errors(s, r, m) + _optimizer_errors(o, r) + _size_errors(cfg)
     if errs:
         return errs
-    per_block = s.first_last_layers_bf16 or bool(s.overrides)
-    accumulation = cfg.global_batch_size // max(cfg.micro_batch_size, 1)
     errs = _shape_errors(cfg)
-    errs += option_errors(r, m, cfg.hardware, uses_te(cfg), cfg.backend, accumulation, per_block)
+    errs += option_errors(r, m, cfg.hardware, uses_te(cfg))
+    for ov in s.overrides:  # a module's own recipe under the same TE rules
+        if ov.resolved is not None and ov.resolved is not r:
+            errs += [
+                f"stability.overrides pattern={ov.pattern}: {e}"
+                for e in option_errors(ov.resolved, m, cfg.hardware, uses_te(cfg))
+            ]
     if uses_te(cfg):
         errs += _te_errors(cfg)
     return errs
@@ -380,7 +407,7 @@ def support_errors(cfg: Config) -> list[str]:
             "the real ones in TE FusedAdam's master weights: set optimizer.master_weights=true and "
             "optimizer.optimizer_cpu_offload=false"
         )
-    return errs + _in_backward_errors(cfg) + _weights_in_backward_errors(cfg) + parallel_errors(cfg)
+    return errs + _in_backward_errors(cfg) + parallel_errors(cfg)
 
 
 def _in_backward_errors(cfg: Config) -> list[str]:
@@ -412,33 +439,7 @@ def _in_backward_errors(cfg: Config) -> list[str]:
         )
     if world_size() > 1 or cfg.parallel.strategy != "none":
         why.append("data parallelism reduces the gradients after backward: use one process, parallel=none")
-    if cfg.backend.cuda_graphs:
-        why.append("the graphed blocks' backward is replayed whole: set backend.cuda_graphs=false")
     return [f"optimizer.step_in_backward=true: {w}" for w in why]
-
-
-def _weights_in_backward_errors(cfg: Config) -> list[str]:
-    """optimizer.quantize_weights_in_backward: the next forward reuses each weight's FP8 copy made
-    right after its update, which equals the forward's own cast only where that cast depends on the
-    weight alone (current scaling) and the weights stay as the update left them."""
-    o = cfg.optimizer
-    if not o.quantize_weights_in_backward:
-        return []
-    head = "optimizer.quantize_weights_in_backward=true"
-    if not o.step_in_backward:
-        return [f"{head} works through the step in backward: set optimizer.step_in_backward=true"]
-    used = {ov.recipe for ov in cfg.stability.overrides} - {cfg.recipe.name}
-    other = sorted(n for n in used if recipes.get(n).te_recipe_class not in (None, "Float8CurrentScaling"))
-    if not uses_te(cfg) or recipes.get(cfg.recipe.name).te_recipe_class != "Float8CurrentScaling" or other:
-        what = f"backend={cfg.backend.name} recipe={cfg.recipe.name}"
-        what += f" (and {', '.join(other)})" if other else ""
-        return [
-            f"{head} with {what}: it caches TE's current-scaling weight casts; use backend=te with a "
-            "tensorwise recipe (Float8CurrentScaling) in every quantized block"
-        ]
-    if o.fp8_param:
-        return [f"{head}: optimizer.fp8_param=true already keeps the weights in FP8; drop one of the two"]
-    return []
 
 
 def parallel_errors(cfg: Config) -> list[str]:
@@ -511,9 +512,9 @@ def recommendations(cfg: Config) -> list[str]:
         )
     if not s.fp8_wgrad and r.fp8_fast_accumulation == "all":
         out.append(
-            f"recipe.fp8_fast_accumulation=all has no effect on the backward GEMMs with "
-            f"stability.fp8_wgrad=false: TE's high-precision backward runs dgrad and wgrad in BF16; "
-            f"use recipe={r.name.removesuffix('_fastacc')} for that run"
+            "recipe.fp8_fast_accumulation=all has no effect on the backward GEMMs with "
+            "stability.fp8_wgrad=false: TE's high-precision backward runs dgrad and wgrad in BF16; "
+            "use recipe.fp8_fast_accumulation=fprop for that run"
         )
     return out
 
