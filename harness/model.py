@@ -247,7 +247,7 @@ class GPT(nn.Module):
             blocks if blocks is not None else nn.ModuleList(Block(cfg, ops, i) for i in range(cfg.num_layers))
         )
         self.ln_f = ops.norm("ln_f", cfg)
-        # the LM head stays in high precision under every recipe (numerics.md section 1); tied, it is
+        # the LM head stays in high precision under every recipe (docs/numerics.md section 1); tied, it is
         # the embedding matrix itself (one parameter, named wte.weight)
         self.lm_head = ops.linear("lm_head", cfg.hidden_size, cfg.vocab_size, False)
         if not cfg.untie_embeddings_and_output_weights:

@@ -1,7 +1,7 @@
 """Which recipe each module runs: the recipe, minus first/last BF16 blocks, plus per-module overrides.
 
 Pure and shared by both backends, so the emulated and TE models quantize the same modules.
-The LM head, embeddings, norms and attention are never quantized (numerics.md section 1).
+The LM head, embeddings, norms and attention are never quantized (docs/numerics.md section 1).
 """
 
 from __future__ import annotations

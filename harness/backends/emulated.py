@@ -266,7 +266,7 @@ class EmulatedBackend(Backend):
 
     def wgrad_fp32(self, name: str) -> bool:
         """TE's block linears (not the LM head, a plain BF16 nn.Linear there) write fp32 weight
-        grads when Megatron's fp32 main grads are on; INT4 QAT never fuses them (numerics.md)."""
+        grads when Megatron's fp32 main grads are on; INT4 QAT never fuses them (docs/numerics.md)."""
         return (
             name.startswith("blocks.")
             and self.spec.fuse_wgrad_fp32

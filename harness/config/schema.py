@@ -19,7 +19,7 @@ FP8_FAST_ACCUMULATION = ("fprop", "all")
 
 @dataclass
 class RecipeConfig:
-    """What each GEMM operand becomes (numerics.md); `name` picks TE's recipe class."""
+    """What each GEMM operand becomes (docs/numerics.md); `name` picks TE's recipe class."""
 
     name: str = "bf16"
     """bf16, delayed, tensorwise, blockwise, mxfp8, nvfp4, int4_qat or custom."""

@@ -1,7 +1,7 @@
 """Element formats as pure functions: FP8 (E4M3, E5M2), E8M0, E2M1 (FP4) and symmetric INT4.
 
 Every function takes and returns torch tensors and works on any device. Rounding rules are TE's
-(numerics.md section 0): saturating round-to-nearest-even casts, E8M0 rounding *up*, an E2M1 grid
+(docs/numerics.md section 0): saturating round-to-nearest-even casts, E8M0 rounding *up*, an E2M1 grid
 with RNE on the code's parity. torch's own float->float8_e8m0fnu cast rounds differently and its
 float->float8 casts saturate only in some versions (2.11 turns large E4M3 values into NaN; E5M2
 overflows to Inf), so FP8 encoding clamps before casting.

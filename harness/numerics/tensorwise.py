@@ -1,7 +1,7 @@
 """Per-tensor FP8: delayed scaling (a given scale) and current scaling (scale from this amax).
 
 One scale for the whole tensor, so TE's columnwise copy is the exact byte transpose of the
-rowwise one (numerics.md sections 2, 3): both copies share the codes computed here.
+rowwise one (docs/numerics.md sections 2, 3): both copies share the codes computed here.
 """
 
 from __future__ import annotations

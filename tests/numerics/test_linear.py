@@ -1,4 +1,4 @@
-"""The emulated TE Linear: each GEMM reads the right operand copies (numerics.md section 1)."""
+"""The emulated TE Linear: each GEMM reads the right operand copies (docs/numerics.md section 1)."""
 
 from __future__ import annotations
 
