@@ -498,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         fmt = _pop_format(argv)
+        removed = recipes.legacy_in(argv)
+        if removed:
+            raise ConfigError(removed)
         cfg = load(argv, for_export=True)
         if cfg.seed < 0:
             raise ConfigError(

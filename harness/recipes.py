@@ -435,3 +435,23 @@ def legacy_message(name: str, where: str = "recipe") -> str:
         return f"{lead}; use {old.replacement}"
     gone = ", ".join(f"recipe.{k}" for k in old.removed)
     return f"{lead}; {gone} left lowp ({old.why}); the nearest run is {old.replacement}"
+
+
+def legacy_in(overrides: list[str]) -> str | None:
+    """The refusal line for the first override that names a removed recipe (`recipe=`, `recipe.name=`,
+    a comma-separated sweep of them, a stability override's `recipe:`), else None."""
+    for ov in overrides:
+        key, sep, value = ov.lstrip("+~").partition("=")
+        if not sep:
+            continue
+        if key in ("recipe", "recipe.name"):
+            names = [v.strip() for v in value.split(",")]
+        elif key == "stability.overrides":
+            names = [v.strip(" '\"}]") for v in value.replace("recipe:", "\0").split("\0")[1:]]
+            names = [n.split(",")[0].strip(" '\"}]") for n in names]
+        else:
+            continue
+        for name in names:
+            if name in LEGACY:
+                return legacy_message(name)
+    return None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from harness import recipes
 from harness.paths import SWEEPS_DIR
 
 # what makes two runs comparable (analysis groups by hardware, model, data and token budget)
@@ -177,6 +178,10 @@ def build_jobs(name: str, extra: list[str]) -> tuple[list[Job], list[str]]:
     for point in itertools.product(*swept):  # no swept override: one empty point
         tag = "-".join(p.split("=", 1)[1] for p in point)
         jobs += expand(name, spec, seeds, [*fixed, *point], tag)
+    for job in jobs:
+        removed = recipes.legacy_in(job.overrides)
+        if removed:
+            raise SweepError(f"sweep {name}, arm {job.arm}: {removed}")
     return number(jobs), hydra_args
 
 

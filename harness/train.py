@@ -718,8 +718,17 @@ def _concise_warnings() -> None:
 register()
 
 
+def main() -> float | None:
+    """`python -m harness.train`: a removed recipe name is refused before Hydra looks for its preset."""
+    removed = recipes.legacy_in(sys.argv[1:])
+    if removed:
+        print(f"error: {removed}", file=sys.stderr)
+        sys.exit(2)
+    return _main()
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(dcfg: DictConfig) -> float | None:
+def _main(dcfg: DictConfig) -> float | None:
     """Adapts Hydra to `run`: exit 2 for a config error, 1 for a runtime one (a multirun's job
     returns instead, so the launcher goes on), 128+signal after a preemption, 0 otherwise."""
     from hydra.core.hydra_config import HydraConfig

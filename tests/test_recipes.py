@@ -131,3 +131,55 @@ def test_the_hardware_presets_agree_with_the_registry():
         if hw is None or hw.compute_capability is None:
             continue
         assert set(hw.native_recipes) == set(recipes.native_on(hw.compute_capability)), name
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["recipe=tensorwise_fastacc"],
+        ["model=gpt_tiny", "recipe=bf16,tensorwise_fastacc"],
+        ["recipe.name=tensorwise_fastacc"],
+        ["+stability.overrides=[{pattern: 'blocks.0.*', recipe: tensorwise_fastacc}]"],
+    ],
+)
+def test_a_removed_recipe_name_is_found_wherever_an_override_names_it(overrides):
+    assert recipes.legacy_in(overrides) == recipes.legacy_message("tensorwise_fastacc")
+    assert recipes.legacy_in(["recipe=tensorwise", "seed=0,1"]) is None
+
+
+def test_entry_points_refuse_a_removed_recipe_with_exit_2_and_one_line(monkeypatch, capsys):
+    import sys
+
+    from harness import megatron, train
+
+    assert megatron.main(["recipe=tensorwise_fp8attn"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: recipe=tensorwise_fp8attn is no longer a recipe") and "\n" not in err
+    assert "recipe=tensorwise recipe.fp8_dpa=true" in err
+    monkeypatch.setattr(sys, "argv", ["lowp-train", "model=gpt_tiny", "recipe=delayed_fp8attn"])
+    with pytest.raises(SystemExit) as exit_:
+        train.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: " + recipes.legacy_message("delayed_fp8attn")
+    assert err.endswith("use recipe=delayed recipe.fp8_dpa=true")
+
+
+def test_a_sweep_naming_a_removed_recipe_launches_nothing():
+    from harness.sweep_spec import SweepError, build_jobs
+
+    with pytest.raises(SweepError, match=r"arm .*: recipe=tensorwise_fp8head is no longer a recipe"):
+        build_jobs("cpu_compare", ["recipe=tensorwise_fp8head"])
+
+
+def test_the_validator_refuses_a_removed_name_given_as_a_field():
+    from tests.test_validate import error_of
+
+    msg = error_of("model=gpt_tiny", "recipe.name=tensorwise_fastacc")
+    assert msg == recipes.legacy_message("tensorwise_fastacc")
+    msg = error_of(
+        "model=gpt_tiny", "+stability.overrides=[{pattern: 'blocks.0.*', recipe: tensorwise_fastacc}]"
+    )
+    assert msg.startswith(
+        "stability.overrides pattern=blocks.0.* recipe=tensorwise_fastacc is no longer a recipe"
+    )

@@ -607,7 +607,8 @@ def validate(cfg: Config, *, for_export: bool = False) -> list[str]:
     errs = legality_errors(cfg)
     if not errs:
         errs += run_errors(cfg)  # out-of-range numbers before the rules that compare them
-    errs += reference_errors(cfg)  # then what Megatron-LM and TE refuse
+    if not _name_errors(cfg):  # the reference rules ask the registry about the names
+        errs += reference_errors(cfg)  # then what Megatron-LM and TE refuse
     if not for_export:
         errs += support_errors(cfg)
     if errs:
