@@ -23,7 +23,7 @@ RECIPE_NAMES = {"bf16", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", 
 NAME_CONSTANTS = {"RECIPES", "FP8_RECIPES", "RECIPE_PEAK", "TE_FUSED_CASTS", "INT4_QAT", "BF16"}
 REGISTRY = {"harness/recipes.py"}
 # entry points (and the config package, whose job is the root config) may take the root Config
-ENTRY_POINTS = {"harness/train.py", "harness/megatron.py", "harness/sweep.py"}
+ENTRY_POINTS = {"harness/train.py", "harness/interop/megatron.py", "harness/sweeps/launch.py"}
 CONFIG_PKG = "harness/config/"
 
 

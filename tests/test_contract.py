@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from analysis import keys as A
-from harness import metrics as M
-from harness.artifacts import Summary
+from harness.lifecycle import metrics as M
+from harness.lifecycle.artifacts import Summary
 
 
 def test_metric_keys_agree():
@@ -21,7 +21,7 @@ def test_summary_fields_agree():
 
 
 def test_statuses_the_harness_writes_are_known_to_analysis():
-    from harness import artifacts
+    from harness.lifecycle import artifacts
 
     assert artifacts.STATUSES == (A.COMPLETED, A.DIVERGED, A.FAILED, A.PREEMPTED)
     assert A.INCOMPLETE not in artifacts.STATUSES  # analysis's own name, never written

@@ -7,7 +7,8 @@ import shlex
 
 import pytest
 
-from harness.megatron import MEGATRON_DEFAULTS, RUN_FLAGS, SHAPE_FLAGS, main, megatron_args, render
+from harness.interop.megatron import MEGATRON_DEFAULTS, RUN_FLAGS, SHAPE_FLAGS, megatron_args, render
+from harness.megatron import main
 from tests.helpers import compose_cfg, run_cli
 
 # The guide's Configuration Cookbook (Megatron Core Low-Precision Training Guide), verbatim.
@@ -114,9 +115,9 @@ def test_what_megatron_cannot_express_is_a_comment():
 
 
 def test_cli_prints_flags_and_refuses_illegal_configs():
-    res = run_cli(["-m", "harness.megatron", "experiment=hopper_fp8"])
+    res = run_cli(["-m", "harness.interop.megatron", "experiment=hopper_fp8"])
     assert res.returncode == 0 and "--fp8-recipe tensorwise" in res.stdout
-    res = run_cli(["-m", "harness.megatron", "experiment=fp8_cpu_offload", "recipe=tensorwise"])
+    res = run_cli(["-m", "harness.interop.megatron", "experiment=fp8_cpu_offload", "recipe=tensorwise"])
     assert res.returncode == 2 and res.stderr.strip().startswith("error: optimizer.optimizer_cpu_offload")
 
 
@@ -321,8 +322,8 @@ def te_rule_violations(cfg) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sweep():
-    from harness.config.reference_sweep import cases, verdict
-    from harness.megatron import provider_fields
+    from harness.validation.reference_sweep import cases, verdict
+    from harness.interop.megatron import provider_fields
 
     out = []
     for label, cfg in cases():
@@ -342,8 +343,8 @@ def test_sweep_accepts_nothing_the_rule_table_refuses(sweep):
 
 @pytest.mark.slow
 def test_sweep_covers_every_preset_rule_and_outcome(sweep):
-    from harness.config.reference_rules import RULES
-    from harness.config.reference_sweep import presets
+    from harness.validation.megatron_rules import RULES
+    from harness.validation.reference_sweep import presets
 
     assert len(sweep) > 1500
     for preset in presets():
@@ -382,7 +383,7 @@ def test_cross_entropy_loss_fusion_is_megatrons_flag_with_its_native_kernel():
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
 def test_fp8_attention_is_a_provider_field(recipe):
-    from harness.megatron import nvte_env, provider_fields
+    from harness.interop.megatron import nvte_env, provider_fields
 
     cfg = compose_cfg("model=gpt_tiny", "backend=te", f"recipe={recipe}", "recipe.fp8_dpa=true")
     argv, notes = megatron_args(cfg)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.metrics import StepTimer
+from harness.lifecycle.metrics import StepTimer
 
 
 def test_median_leaves_out_warmup_and_steps_after_a_sync():
@@ -17,7 +17,7 @@ def test_median_leaves_out_warmup_and_steps_after_a_sync():
 
 
 def test_trainer_marks_steps_after_logging_as_cold(tmp_path, monkeypatch):
-    from harness import metrics
+    from harness.lifecycle import metrics
     from harness.train import run
     from tests.helpers import compose_cfg
 

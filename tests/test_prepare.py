@@ -122,7 +122,7 @@ def test_text_document_modes(corpus, tmp_path):
 
 
 def test_training_runs_on_the_prepared_data_and_checks_the_vocabulary(corpus, tmp_path):
-    from harness.config.validate import ConfigError
+    from harness.validation.rules import ConfigError
     from harness.train import run
 
     d, tok, _ = corpus

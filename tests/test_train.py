@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from analysis import keys as A
-from harness import metrics as M
+from harness.lifecycle import metrics as M
 from harness.train import run
 from tests.helpers import TINY, compose_cfg, run_cli
 
@@ -79,7 +79,7 @@ def test_run_dir_contract(tiny_run):
     evals = [r for r in rows if M.LOSS_EVAL in r]
     assert [r["step"] for r in evals] == [6, 12]
     assert math.isclose(evals[-1][M.LOSS_EVAL], s["final_eval_loss"])
-    from harness import checkpoint
+    from harness.lifecycle import checkpoint
 
     path, step, state = checkpoint.load_latest(d)
     assert path.name == "step_00000012" and step == 12
@@ -106,7 +106,7 @@ def test_loss_decreases_on_markov(tmp_path):
 
 def test_gradient_accumulation_matches_big_batch(tmp_path):
     """4 micro-batches of 1 give the gradient of 1 micro-batch of 4 (same sequences)."""
-    from harness.config import load
+    from harness.validation import load
     from harness.train import Trainer
 
     base = [*TINY, "steps=1"]
@@ -184,7 +184,7 @@ def test_cli_multirun_seeds_writes_two_complete_runs(tmp_path):
 
 @pytest.mark.slow
 def test_named_sweep_launcher(tmp_path):
-    res = run_cli(["-m", "harness.sweep", "bf16_tiny_seeds", f"hydra.sweep.dir={tmp_path}", "steps=4"])
+    res = run_cli(["-m", "harness.sweeps.launch", "bf16_tiny_seeds", f"hydra.sweep.dir={tmp_path}", "steps=4"])
     assert res.returncode == 0, res.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
     assert sorted(s["seed"] for s in summaries) == [0, 1] and {s["steps"] for s in summaries} == {4}

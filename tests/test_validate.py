@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from harness.config.validate import ConfigError, ConfigWarning, validate
+from harness.validation.rules import ConfigError, ConfigWarning, validate
 from tests.helpers import compose_cfg, run_cli
 
 

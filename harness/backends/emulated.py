@@ -2,7 +2,7 @@
 
 BF16 semantics without torch.autocast: GEMM operands are rounded to bf16, products accumulate in
 fp32 and the output is rounded to bf16 -- what a bf16 tensor-core GEMM does; embeddings, the
-residual stream and norm parameters hold bf16 values (harness.model.bf16_values), as in TE. On a
+residual stream and norm parameters hold bf16 values (harness.model.gpt.bf16_values), as in TE. On a
 CPU without bf16 units the GEMM itself runs in fp32 (about 7x faster there than torch's bf16
 matmul, same numbers up to accumulation order); on CUDA it is a native bf16 GEMM.
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
 from harness.backends.hooks import make_hook
-from harness.model import GPT, Block, LayerNorm, bf16_values, norm
+from harness.model.gpt import GPT, Block, LayerNorm, bf16_values, norm
 from harness.numerics import NumericsContext, QuantizedLinear, fast
 from harness.numerics.formats import E4M3, cast_fp8
 from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm, te_rsigma
@@ -252,6 +252,7 @@ class EmulatedBackend(Backend):
     everywhere. Codes and scales are the same in all three (harness.numerics.fast)."""
 
     name = "emulated"
+    emulates = True
     fast_paths: bool | None = None
 
     def __init__(self, spec: BackendSpec, device: torch.device):

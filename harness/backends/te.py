@@ -18,11 +18,11 @@ import torch.nn as nn
 
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
-from harness.backends.te_attention import install_packed_qkv_grad
 from harness.backends.te_env import set_nvte_env
+from harness.backends.te_qkv import install_packed_qkv_grad
 from harness.backends.te_recipe import build_te_recipe
 from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
-from harness.model import GPT, head_dims, norm, rope_inv_freq
+from harness.model.gpt import GPT, head_dims, norm, rope_inv_freq
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 # te.TransformerLayer's GEMM weights (fuse_qkv_params=True), the ones INT4 QAT fake-quantizes

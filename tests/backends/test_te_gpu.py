@@ -27,10 +27,10 @@ def test_hopper_recipe_trains_50_steps(tmp_path, recipe):
 @needs_te
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
 def test_blackwell_recipes_refused_on_hopper_with_reason(recipe):
-    from harness.config.validate import ConfigError, validate
+    from harness.validation.rules import ConfigError, validate
 
     cfg = compose_cfg(*GPU_TINY, "backend=te", f"recipe={recipe}")
-    from harness.hardware import resolve_hardware
+    from harness.backends.hardware import resolve_hardware
 
     cfg.hardware = resolve_hardware(cfg.hardware)
     if cfg.hardware.compute_capability and cfg.hardware.compute_capability >= 10:
@@ -161,7 +161,7 @@ def _loss_and_grads(cfg, *, fused: bool, nudge: float = 0.0):
     by one bf16 unit in the last place."""
     import tempfile
 
-    from harness.loss import loss_fn
+    from harness.model.loss import loss_fn
     from harness.train import Trainer
 
     trainer = Trainer(cfg, tempfile.mkdtemp(prefix="lowp-fused-ce-"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backends.te_attention import split_packed_qkv
-from harness.config import prepare
-from harness.config.validate import ConfigError, validate
+from harness.backends.te_qkv import split_packed_qkv
+from harness.validation import prepare
+from harness.validation.rules import ConfigError, validate
 from tests.helpers import compose_cfg
 from tests.test_validate import error_of, warnings_of
 
@@ -177,7 +177,7 @@ def test_split_packed_qkv_with_an_unused_slice():
 
 
 def test_fused_loss_needs_a_gpu():
-    from harness.loss import loss_fn
+    from harness.model.loss import loss_fn
 
     with pytest.raises(ValueError, match="model.cross_entropy_loss_fusion=true needs the logits on a CUDA"):
         loss_fn(torch.randn(2, 3, 10), torch.zeros(2, 3, dtype=torch.long), fused=True)

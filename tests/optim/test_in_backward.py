@@ -12,7 +12,7 @@ BASE = [*TINY, "backend=emulated", "hardware=cpu", "optimizer.clip_grad=0", "log
 
 
 def _trainer(tmp_path, *extra):
-    from harness.config import load
+    from harness.validation import load
     from harness.train import Trainer
 
     return Trainer(load([*BASE, *extra]), tmp_path)

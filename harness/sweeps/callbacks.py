@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 def job_overrides(config: DictConfig) -> list[list[str]]:
     """The override list of every job of this multirun, in launch order."""
     jobs_file = OmegaConf.select(config, "hydra.sweeper.jobs_file")
-    if jobs_file:  # hydra/sweeper=lowp (harness.sweep): an explicit job list
+    if jobs_file:  # hydra/sweeper=lowp (harness.sweeps.launch): an explicit job list
         from hydra_plugins.lowp_launcher.sweeper import load_jobs
 
         return load_jobs(jobs_file)
@@ -41,10 +41,10 @@ class ValidateSweep(Callback):
         from hydra.core.global_hydra import GlobalHydra
         from hydra.types import RunMode
 
-        from harness.config import prepare
         from harness.config.schema import Config
         from harness.config.store import to_config
-        from harness.config.validate import ConfigError, check_known_keys
+        from harness.validation import prepare
+        from harness.validation.rules import ConfigError, check_known_keys
 
         loader = GlobalHydra.instance().config_loader()
         jobs = job_overrides(config)
@@ -68,8 +68,8 @@ class ValidateSweep(Callback):
 
     @staticmethod
     def _check_data(cfg, seen: set[str]) -> None:
-        from harness.config.validate import ConfigError
         from harness.data import check_data
+        from harness.validation.rules import ConfigError
 
         m = cfg.model
         key = repr((cfg.data, m.vocab_size, m.seq_length, cfg.micro_batch_size, cfg.eval_tokens))

@@ -240,7 +240,7 @@ def candidates(run_dir: Path) -> list[Path]:
 def save(run_dir: Path, step: int, tree: dict, keep: int, dist=None, sharded: bool = False) -> Path:
     """Write `tree` as checkpoint `step` atomically; keep the newest `keep` (>= 1). Returns its path.
 
-    Data parallel (`dist`, a harness.distributed.Dist): every rank calls it. Replicated state (DDP):
+    Data parallel (`dist`, a harness.parallel.process.Dist): every rank calls it. Replicated state (DDP):
     rank 0 writes it alone. `sharded` (FSDP2's DTensors): every rank writes its shards into the
     one DCP directory, rank 0 the JSON and the manifest, then renames. Either way the others wait
     until the checkpoint is whole, so no rank runs ahead of a checkpoint that may still fail."""

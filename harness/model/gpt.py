@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from harness.config.schema import ModelConfig
-from harness.loss import chunked_linear_cross_entropy, loss_fn
+from harness.model.loss import chunked_linear_cross_entropy, loss_fn
 from harness.numerics import fast
 
 
@@ -278,7 +278,7 @@ class GPT(nn.Module):
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross entropy; with model.lm_head_loss_chunks > 0 the LM head and the
-        loss run fused in chunks of tokens (harness.loss), never holding the whole logits."""
+        loss run fused in chunks of tokens (harness.model.loss), never holding the whole logits."""
         h = self.hidden(idx)
         chunks = self.cfg.lm_head_loss_chunks
         if chunks > 0:  # the LM head has no bias

@@ -107,10 +107,10 @@ class MetricsProcessor:
         log_interval: int,
         dist=None,
     ):
-        """`dist` (harness.distributed.Dist): the loss is already the ranks' mean; tokens are the
+        """`dist` (harness.parallel.process.Dist): the loss is already the ranks' mean; tokens are the
         global batch's; throughput is the job's total and per GPU (tokens/s over the ranks), MFU
         per GPU; peak memory the maximum over the ranks."""
-        from harness.distributed import SINGLE
+        from harness.parallel.process import SINGLE
 
         self.dist = dist or SINGLE
         self.device = device

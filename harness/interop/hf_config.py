@@ -18,7 +18,7 @@ import functools
 import json
 import os
 
-from harness.config.validate import ConfigError
+from harness.config.errors import ConfigError
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -11,22 +11,14 @@ import dataclasses
 import warnings
 
 from harness import recipes
-from harness.backends.capability import resolve_backend_name, te_installed_version
+from harness.backends.capability import runs_on_te, te_installed_version
 from harness.backends.te_env import conflicts as nvte_conflicts
 from harness.backends.te_env import userbuffers_errors
 from harness.backends.te_options import option_errors, option_warnings
 from harness.config import schema
-from harness.config.reference_rules import reference_errors
+from harness.config.errors import ConfigError, ConfigWarning  # noqa: F401 - re-exported
 from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
-
-
-class ConfigError(ValueError):
-    """A configuration that must not run; the message is one line naming the options and the fix."""
-
-
-class ConfigWarning(UserWarning):
-    """The guide recommends otherwise; the run goes on."""
-
+from harness.validation.megatron_rules import reference_errors
 
 NAMES = {
     "recipe.name": recipes.names(),
@@ -61,7 +53,7 @@ def _get(cfg: Config, dotted: str):
 
 def world_size() -> int:
     """Ranks of the job this process belongs to (torchrun's WORLD_SIZE, or a Slurm step's tasks)."""
-    from harness.distributed import launch_env
+    from harness.parallel.process import launch_env
 
     return launch_env().world_size
 
@@ -84,11 +76,7 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 def uses_te(cfg: Config) -> bool:
     """backend=te, or auto on a machine where it would resolve to te."""
-    if cfg.backend.name == "te":
-        return True
-    if cfg.backend.name == "auto" and cfg.hardware.name not in ("cpu",):
-        return resolve_backend_name(cfg.backend.name, cfg.recipe.name) == "te"
-    return False
+    return runs_on_te(cfg.backend.name, cfg.recipe.name, cfg.hardware.name)
 
 
 def _quantized_dims(cfg: Config) -> dict[str, int]:

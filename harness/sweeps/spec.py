@@ -25,7 +25,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import recipes
-from harness.paths import SWEEPS_DIR
+from harness.config.paths import SWEEPS_DIR
 
 # what makes two runs comparable (analysis groups by hardware, model, data and token budget)
 BUDGET_KEYS = ("model", "data", "steps", "global_batch_size", "eval_tokens", "seed", "hardware")

@@ -106,7 +106,7 @@ def _composed(preset: str | None) -> Config:
     """The preset composed by Hydra, as a typed Config."""
     from omegaconf import OmegaConf
 
-    from harness.config.store import compose
+    from harness.validation.load import compose
 
     # `experiment=X recipe=Y` is X with Y's recipe as long as X sets no recipe field itself
     assert not preset or "recipe" not in _yaml("experiment", preset), f"{preset} sets recipe fields"
@@ -171,7 +171,7 @@ def verdict(cfg: Config) -> str | None:
     (warnings silenced: the sweep reads decisions, not advice)."""
     import warnings
 
-    from harness.config.validate import ConfigError, validate
+    from harness.validation.rules import ConfigError, validate
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

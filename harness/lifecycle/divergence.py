@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from harness.config.schema import DivergenceConfig
-from harness.metrics import GRAD_NORM, LOSS_TRAIN
+from harness.lifecycle.metrics import GRAD_NORM, LOSS_TRAIN
 
 
 class DivergenceMonitor:

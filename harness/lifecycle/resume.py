@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import shlex
 import socket
 import sys
 from pathlib import Path
+
+from harness.config.errors import ConfigError
+from harness.lifecycle import checkpoint
+
+log = logging.getLogger("lowp")
 
 # config keys (dotted prefixes) that do not change the trained weights or the losses
 RESULT_NEUTRAL = (
@@ -133,3 +139,32 @@ def resume_command(run_dir: Path, overrides: list[str]) -> str:
     keep = [o for o in overrides if not o.startswith(("hydra.run.dir=", "resume="))]
     args = ["python", "-m", "harness.train", *keep, f"hydra.run.dir={Path(run_dir).resolve()}"]
     return " ".join(shlex.quote(a) for a in args)
+
+
+def resume_point(mode: str, run_dir: Path, requested: dict) -> tuple[Path, int, dict] | None:
+    """The checkpoint this run continues from (None: a fresh start), by the resume rule."""
+    if mode not in ("auto", "never", "must"):
+        raise ConfigError(f"resume={mode}: unknown; use auto, never or must")
+    if mode == "never":
+        moved = move_aside(run_dir)
+        if moved:
+            log.warning("resume=never: the earlier files of %s are kept in %s", run_dir, moved)
+        return None
+    found = checkpoint.load_latest(run_dir)
+    if found is None and checkpoint.candidates(run_dir):
+        raise checkpoint.CheckpointError(
+            f"run dir {run_dir} holds checkpoints but none is usable (see the warnings above); start fresh "
+            "with resume=never (moves them aside) or use a new hydra.run.dir"
+        )
+    if found is None:
+        if mode == "must":
+            raise ConfigError(
+                f"resume=must but {run_dir} holds no usable checkpoint; "
+                "check hydra.run.dir or use resume=auto"
+            )
+        return None
+    saved = found[2]["config"]
+    keys = config_diff(saved, requested)
+    if keys:
+        raise ConfigError(describe_diff(saved, requested, keys, run_dir))
+    return found

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from harness.config.schema import LoggerConfig
-from harness.metrics import TOKENS
+from harness.lifecycle.metrics import TOKENS
 
 
 class NullLogger:
@@ -136,7 +136,7 @@ def open_logger(
         id=run_id,
         resume="allow" if run_id else None,
     )
-    from harness.artifacts import slurm_env
+    from harness.lifecycle.artifacts import slurm_env
 
     # the Slurm job of this attempt (a requeued job keeps its W&B run; restart_count says which attempt)
     run.config.update({"slurm": slurm_env()}, allow_val_change=True)
@@ -151,3 +151,19 @@ def open_logger(
         except Exception as exc:  # noqa: BLE001 - e.g. its service process took the same SIGTERM
             # the run's own files are complete; W&B's shutdown must not turn a clean stop into a failure
             logging.getLogger("lowp").warning("W&B run %s did not finish cleanly: %s", run.id, exc)
+
+
+def sweep_group(run_dir: Path) -> str | None:
+    """Multirun jobs share a W&B group named after their sweep directory, `<parent>/<name>`: for Hydra's
+    default multirun/<date>/<time> that is `<date>/<time>` (unique across days); harness.sweeps.launch sets
+    `<sweep>/<date_time>` explicitly (logger.wandb.group)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        if hc.mode and hc.mode.name == "MULTIRUN":
+            sweep_dir = Path(hc.sweep.dir)
+            return f"{sweep_dir.parent.name}/{sweep_dir.name}"
+    except ValueError:
+        pass
+    return None

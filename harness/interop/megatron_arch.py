@@ -1,5 +1,5 @@
 """The Megatron-LM flags of the Llama/Qwen architecture fields (GQA, head size, RoPE theta and
-Llama 3.1 scaling, tied embeddings, QK norm, QKV-only bias), kept apart from harness.megatron's
+Llama 3.1 scaling, tied embeddings, QK norm, QKV-only bias), kept apart from harness.interop.megatron's
 recipe and run flags.
 
 Megatron's defaults are lowp's defaults for GPT presets (MHA, hidden/heads, theta 10000, no QK

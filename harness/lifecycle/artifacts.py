@@ -1,12 +1,12 @@
 """The run directory: the contract between the harness and analysis (architecture.md, Artifacts).
 
 run.json         resolved config + provenance + W&B id (written when the run starts)
-metrics.jsonl    one object per logged step (metric keys of harness.metrics)
+metrics.jsonl    one object per logged step (metric keys of harness.lifecycle.metrics)
 numerics.jsonl   telemetry rows (step, layer, tensor, amax, scale, underflow, saturation, sqnr_db)
 summary.json     written atomically at the end, also on failure, preemption and divergence
 error.txt        a failed run's error and traceback
-checkpoints/     the newest checkpoints (harness.checkpoint: weights, optimizer, schedule, every RNG,
-                 data position, scale state); a run started on this directory resumes from them
+checkpoints/     the newest checkpoints (harness.lifecycle.checkpoint: weights, optimizer, schedule,
+                 every RNG, data position, scale state); a run started on this directory resumes from them
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def read_safetensors(path: str, option: str = "init_from") -> dict[str, torch.Te
 
 
 def _qkv_rows(cfg: ModelConfig) -> tuple[int, int, int]:
-    from harness.model import head_dims
+    from harness.model.gpt import head_dims
 
     return head_dims(cfg)
 
