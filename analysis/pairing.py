@@ -322,6 +322,17 @@ class Arm:
     eval_band: dict[str, np.ndarray] | None = None
     """The same for eval loss, on the BF16 eval tokens."""
 
+    @property
+    def name(self) -> str:
+        return arm_name(self.recipe, self.variant, self.backend)
+
+
+def arm_name(recipe: str | None, variant: str, backend: str | None) -> str:
+    """An arm as tables, legends and telemetry name it: the recipe, the presets where they are not the
+    plain ones, the backend (one function, so a row and its curve carry the same name)."""
+    presets = "" if variant == K.DEFAULT_VARIANT else f" [{variant}]"
+    return f"{recipe}{presets} ({backend})"
+
 
 @dataclass
 class Group:
