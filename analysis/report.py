@@ -56,7 +56,7 @@ def _ci(row: pd.Series, col: str, fmt: str, scale: float = 1.0, suffix: str = ""
 
 def row_name(row: pd.Series) -> str:
     """The arm of a comparison row, named as its curves are (`pairing.arm_name`)."""
-    return arm_name(row["recipe"], row["variant"], row["backend"])
+    return arm_name(row["recipe_label"], row["variant"], row["backend"])
 
 
 def display_frame(comp: pd.DataFrame) -> pd.DataFrame:
@@ -163,6 +163,9 @@ def method_items(smooth_frac: float) -> list[str]:
     return [
         "Groups: (hardware, model, data, token budget); nothing is compared across groups. Token budget = "
         "summary.tokens of a completed run, else steps x global_batch_size x seq_length.",
+        "Arms: one per recipe label (the numerics family, then each recipe field that differs from the "
+        "family's preset, e.g. 'tensorwise + fast accumulation'), presets and backend. Fields that still "
+        "differ between runs of one arm's label, family and presets are named in {...} after the presets.",
         f"Baseline: the completed BF16 runs of the group with presets {K.DEFAULT_VARIANT} (else the most "
         "common BF16 variant).",
         "Gap: run minus BF16, relative to the BF16 seed mean. The headline gap is the final eval loss when "
@@ -286,7 +289,7 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-RUN_COLUMNS = ("run", "recipe", "variant", "backend", "hardware", "seed", "status", "steps",
+RUN_COLUMNS = ("run", "recipe", "recipe_label", "variant", "backend", "hardware", "seed", "status", "steps",
                "token_budget", "final_train_loss", "final_eval_loss", "tokens_per_s", "peak_mem_gib",
                "diverged_step")  # fmt: skip
 

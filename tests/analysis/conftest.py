@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -34,6 +34,8 @@ def write_run(
     name: str,
     *,
     recipe: str = "bf16",
+    recipe_label: str | Literal[False] | None = None,
+    recipe_fields: dict[str, Any] | None = None,
     seed: int = 0,
     backend: str = "emulated",
     hardware: str = "cpu",
@@ -59,7 +61,9 @@ def write_run(
     wandb_run_id: str | None = None,
 ) -> Path:
     """One run directory. `loss_fn(step) -> loss` replaces the default curve; `diverged_step` makes
-    the loss NaN from that step on and stops logging there."""
+    the loss NaN from that step on and stops logging there. summary.recipe_label is `recipe_label`,
+    else `recipe` (a run at its family's preset); `recipe_label=False` leaves it out, as a run written
+    before labels. `recipe_fields` go into the config's recipe section beside its name."""
     d = root / name
     d.mkdir(parents=True)
     tokens_per_step = global_batch_size * seq_length
@@ -72,7 +76,11 @@ def write_run(
         loss[-1] = math.nan
     tps = tokens_per_step / (step_ms / 1000.0)
     config = {
-        "recipe": {"name": recipe, "fp8": None if recipe in ("bf16", "nvfp4") else "e4m3"},
+        "recipe": {
+            "name": recipe,
+            "fp8": None if recipe in ("bf16", "nvfp4") else "e4m3",
+            **(recipe_fields or {}),
+        },
         "stability": {"name": stability, "fp8_margin": 0},
         "optimizer": {"name": optimizer, "lr": 3e-4},
         "hardware": {"name": hardware, "peak_tflops": {"bf16": 989 if hardware != "cpu" else None}},
@@ -149,6 +157,8 @@ def write_run(
             "diverged_step": diverged_step, "divergence_cause": "loss is nan" if diverged_step else None,
             "error": None,
         }  # fmt: skip
+        if recipe_label is not False:
+            summ["recipe_label"] = recipe_label or recipe
         (d / "summary.json").write_text(json.dumps(summ))
     return d
 
