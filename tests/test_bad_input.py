@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.lifecycle import checkpoint as C
 from harness import train as T
+from harness.lifecycle import checkpoint as C
 from harness.lifecycle.runlock import RunLock
 from tests.helpers import REPO, TINY
 from tests.test_data import random_docs, write_megatron

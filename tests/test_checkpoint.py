@@ -1,4 +1,5 @@
-"""The checkpoint format (harness.lifecycle.checkpoint): round trip, atomicity, retention, corruption, safety."""
+"""The checkpoint format (harness.lifecycle.checkpoint): round trip, atomicity, retention, corruption,
+safety."""
 
 from __future__ import annotations
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from analysis import keys as A
 from harness.lifecycle import metrics as M
 from harness.lifecycle.artifacts import Summary
@@ -19,10 +17,7 @@ def test_metric_keys_agree():
 
 
 def test_summary_fields_agree():
-    harness = tuple(f.name for f in dataclasses.fields(Summary))
-    # recipe_label is analysis's side of a contract change the harness has not written yet
-    pending = () if "recipe_label" in harness else ("recipe_label",)
-    assert harness == tuple(f for f in A.SUMMARY_FIELDS if f not in pending)
+    assert tuple(f.name for f in dataclasses.fields(Summary)) == A.SUMMARY_FIELDS
 
 
 def test_statuses_the_harness_writes_are_known_to_analysis():
@@ -65,8 +60,6 @@ def test_the_names_analysis_keeps_of_the_harness_agree():
 def test_legacy_recipe_names_map_to_the_same_family_and_label():
     from harness import recipes
 
-    if not hasattr(recipes, "LEGACY"):
-        pytest.skip("harness.recipes has no LEGACY table yet (the families' change has not landed)")
     assert set(recipes.LEGACY) == set(A.LEGACY_RECIPES)
     for name, (family, label) in A.LEGACY_RECIPES.items():
         assert (recipes.LEGACY[name].family, recipes.LEGACY[name].label) == (family, label), name

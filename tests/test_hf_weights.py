@@ -18,7 +18,14 @@ import pytest
 import torch
 
 from harness.backends import build_backend
-from harness.interop.hf_weights import fuse_qkv, hf_to_lowp, load_into, lowp_to_hf, read_safetensors, split_qkv
+from harness.interop.hf_weights import (
+    fuse_qkv,
+    hf_to_lowp,
+    load_into,
+    lowp_to_hf,
+    read_safetensors,
+    split_qkv,
+)
 from harness.train import backend_spec
 from tests.helpers import compose_cfg
 
@@ -123,8 +130,8 @@ def test_sharded_checkpoint(tmp_path):
 
 
 def test_init_from_trains_and_mismatches_are_one_line(tmp_path):
-    from harness.validation.rules import ConfigError
     from harness.train import run
+    from harness.validation.rules import ConfigError
 
     save_hf(tmp_path / "q3", "qwen3")
     base = ["model=hf", f"model.hf_config={tmp_path / 'q3'}", f"init_from={tmp_path / 'q3'}", "logger=none"]

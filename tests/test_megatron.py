@@ -322,8 +322,8 @@ def te_rule_violations(cfg) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sweep():
-    from harness.validation.reference_sweep import cases, verdict
     from harness.interop.megatron import provider_fields
+    from harness.validation.reference_sweep import cases, verdict
 
     out = []
     for label, cfg in cases():

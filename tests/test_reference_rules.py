@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.config.store import presets
 from harness.validation.megatron_rules import RULES
 from harness.validation.reference_sweep import EXAMPLE_FACTORY
-from harness.config.store import presets
 from harness.validation.rules import ConfigError, validate
 from tests.helpers import compose_cfg
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness import train as T  # imported here once: every forked attempt inherits it
 from harness.lifecycle import checkpoint as C
 from harness.lifecycle import metrics as M
-from harness import train as T  # imported here once: every forked attempt inherits it
 from harness.lifecycle.signals import StopRequest
 from tests.helpers import compose_cfg, tiny_cpu_run
 

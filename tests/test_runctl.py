@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from harness.lifecycle import resume as R
 from harness.config.schema import DivergenceConfig
+from harness.lifecycle import resume as R
 from harness.lifecycle.divergence import DivergenceMonitor
 from harness.lifecycle.runlock import RunDirLocked, RunLock
 from harness.lifecycle.signals import StopRequest, exit_after_preemption

@@ -119,7 +119,13 @@ def test_a_failed_job_never_stops_the_sweep_and_counts_in_the_exit_code(tmp_path
     sweep_dir = tmp_path / "sweep"
     # two at a time (local_parallel); the resume below goes through the default serial launcher
     res = run_cli(
-        ["-m", "harness.sweeps.launch", str(own), f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=local_parallel"]
+        [
+            "-m",
+            "harness.sweeps.launch",
+            str(own),
+            f"hydra.sweep.dir={sweep_dir}",
+            "hydra/launcher=local_parallel",
+        ]
     )
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]
     ok = json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())

@@ -106,8 +106,8 @@ def test_loss_decreases_on_markov(tmp_path):
 
 def test_gradient_accumulation_matches_big_batch(tmp_path):
     """4 micro-batches of 1 give the gradient of 1 micro-batch of 4 (same sequences)."""
-    from harness.validation import load
     from harness.train import Trainer
+    from harness.validation import load
 
     base = [*TINY, "steps=1"]
     big = Trainer(load([*base, "micro_batch_size=4", "global_batch_size=4"]), tmp_path)
@@ -184,7 +184,9 @@ def test_cli_multirun_seeds_writes_two_complete_runs(tmp_path):
 
 @pytest.mark.slow
 def test_named_sweep_launcher(tmp_path):
-    res = run_cli(["-m", "harness.sweeps.launch", "bf16_tiny_seeds", f"hydra.sweep.dir={tmp_path}", "steps=4"])
+    res = run_cli(
+        ["-m", "harness.sweeps.launch", "bf16_tiny_seeds", f"hydra.sweep.dir={tmp_path}", "steps=4"]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
     assert sorted(s["seed"] for s in summaries) == [0, 1] and {s["steps"] for s in summaries} == {4}

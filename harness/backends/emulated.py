@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
 from harness.backends.hooks import make_hook
+from harness.config.schema import ModelConfig
 from harness.model.gpt import GPT, Block, LayerNorm, bf16_values, norm
 from harness.numerics import NumericsContext, QuantizedLinear, fast
 from harness.numerics.formats import E4M3, cast_fp8
@@ -239,7 +240,7 @@ class EmulatedOps:
     def activation(self, name: str, kind: str) -> nn.Module:
         return Activation(name, kind, self.backend.spec.optimizer.activation_func_fp8_input_store)
 
-    def norm(self, name: str, cfg) -> nn.Module:
+    def norm(self, name: str, cfg: ModelConfig) -> nn.Module:
         module = norm(cfg, TEOrderLayerNorm)
         if isinstance(module, TEOrderLayerNorm):
             module.fused = self.backend.fast_paths

@@ -306,7 +306,7 @@ def optimizer_flags(cfg: Config) -> Part:
 def data_parallel_size(cfg: Config) -> int:
     """The ranks the export's torchrun starts: this job's world size (torchrun/Slurm environment)
     under a parallel strategy, else 1."""
-    from harness.validation.rules import world_size
+    from harness.parallel.process import world_size
 
     return world_size() if cfg.parallel.strategy != "none" else 1
 

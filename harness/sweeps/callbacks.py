@@ -17,6 +17,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from harness.config.schema import Config
+
 
 def job_overrides(config: DictConfig) -> list[list[str]]:
     """The override list of every job of this multirun, in launch order."""
@@ -67,7 +69,7 @@ class ValidateSweep(Callback):
         print(f"[lowp] validated {len(jobs)} jobs", file=sys.stderr)
 
     @staticmethod
-    def _check_data(cfg, seen: set[str]) -> None:
+    def _check_data(cfg: Config, seen: set[str]) -> None:
         from harness.data import check_data
         from harness.validation.rules import ConfigError
 

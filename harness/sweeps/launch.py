@@ -26,6 +26,7 @@ import time
 import warnings
 from pathlib import Path
 
+from harness.config.schema import Config
 from harness.sweeps.progress import fmt_duration, fmt_loss, read_summary
 from harness.sweeps.spec import (
     Job,
@@ -107,7 +108,7 @@ class Validator:
     def __exit__(self, *exc) -> None:
         self._ctx.__exit__(*exc)
 
-    def _check_data(self, cfg, check) -> None:
+    def _check_data(self, cfg: Config, check) -> None:
         """The data checks once per distinct data setup; every job sharing a bad one gets its error."""
         m = cfg.model
         key = repr((cfg.data, m.vocab_size, m.seq_length, cfg.micro_batch_size, cfg.eval_tokens))

@@ -62,7 +62,9 @@ def run(
         D.teardown(dist)
 
 
-def _run(cfg, run_dir, stop, resume_command, config_warnings, dist: D.Dist) -> Summary:
+def _run(
+    cfg: Config, run_dir: Path, stop, resume_command, config_warnings: list[str], dist: D.Dist
+) -> Summary:
     lock = RunLock(run_dir) if dist.is_main else contextlib.nullcontext()
     with agree.agreed(dist, lock, refused=RunDirLocked):
         found = agree.agreed_start(
@@ -107,7 +109,18 @@ def _run(cfg, run_dir, stop, resume_command, config_warnings, dist: D.Dist) -> S
 class _Job:
     """One attempt of one run: what `run` opened, handed to the trainer."""
 
-    def __init__(self, cfg, run_dir, summary, config, logger, stop, found, previous, dist=D.SINGLE):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        summary: Summary,
+        config: dict,
+        logger,
+        stop,
+        found,
+        previous,
+        dist=D.SINGLE,
+    ):
         self.cfg, self.run_dir, self.summary, self.config, self.logger = cfg, run_dir, summary, config, logger
         self.stop, self.found, self.previous, self.dist = stop, found, previous, dist
 

@@ -12,8 +12,8 @@ BASE = [*TINY, "backend=emulated", "hardware=cpu", "optimizer.clip_grad=0", "log
 
 
 def _trainer(tmp_path, *extra):
-    from harness.validation import load
     from harness.train import Trainer
+    from harness.validation import load
 
     return Trainer(load([*BASE, *extra]), tmp_path)
 
