@@ -271,10 +271,6 @@ def default_fields(name: str) -> RecipeConfig:
     return get(name).default_fields()
 
 
-def fp8_recipes() -> tuple[str, ...]:
-    return tuple(s.name for s in _SPECS if s.fp8_family)
-
-
 def quantizing(recipe: RecipeConfig | None) -> RecipeConfig | None:
     """`recipe` if its GEMMs are quantized, else None (BF16 GEMMs: bf16 itself, int4_qat)."""
     return recipe if recipe is not None and get(recipe.name).quantizes_gemms else None

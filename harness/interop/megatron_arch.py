@@ -11,16 +11,6 @@ from __future__ import annotations
 from harness.config.schema import ModelConfig
 
 UNTIE = "--untie-embeddings-and-output-weights"
-ARCH_FLAGS = (
-    "--group-query-attention",
-    "--num-query-groups",
-    "--kv-channels",
-    "--rotary-base",
-    "--qk-layernorm",
-    "--add-qkv-bias",
-    "--use-rope-scaling",
-    "--rope-scaling-factor",
-)
 # Megatron's RotaryEmbedding._apply_scaling fixes Llama 3.1's other three parameters
 MEGATRON_ROPE_FIXED = (1.0, 4.0, 8192)
 

@@ -192,13 +192,6 @@ class Dist:
                 t.copy_(flat[offset : offset + n].view_as(t))
                 offset += n
 
-    def mean_scalar(self, value: torch.Tensor) -> torch.Tensor:
-        if not self.active:
-            return value
-        out = value.detach().clone().float().reshape(1)
-        torch.distributed.all_reduce(out, group=self.group)
-        return (out / self.world).reshape(())
-
     def max_scalar(self, value: float, device: torch.device | None = None) -> float:
         if not self.active:
             return value
