@@ -183,3 +183,24 @@ def test_the_validator_refuses_a_removed_name_given_as_a_field():
     assert msg.startswith(
         "stability.overrides pattern=blocks.0.* recipe=tensorwise_fastacc is no longer a recipe"
     )
+
+
+def test_a_run_is_named_by_its_family_and_changed_fields(tmp_path):
+    """summary.json holds the family and its label (the report's arm, the W&B name and the sweep's
+    progress line): two runs that differ only in a recipe field are told apart by it."""
+    import json
+
+    from harness.train import run
+    from tests.helpers import compose_cfg, tiny_cpu_run
+
+    base = tiny_cpu_run(2, 4, 4, log_interval=1, eval_interval=0, eval_tokens=0, checkpoint_interval=-1)
+    labels = {}
+    for name, extra in (("plain", []), ("no_rht", ["recipe.disable_rht=true"])):
+        summary = run(compose_cfg(*base, "recipe=nvfp4", *extra), tmp_path / name)
+        assert summary.status == "completed"
+        stored = json.loads((tmp_path / name / "summary.json").read_text())
+        assert stored["recipe"] == "nvfp4"
+        labels[name] = stored["recipe_label"]
+        prov = json.loads((tmp_path / name / "run.json").read_text())["provenance"]
+        assert prov["recipe_label"] == labels[name]
+    assert labels == {"plain": "nvfp4", "no_rht": "nvfp4 + no RHT"}
