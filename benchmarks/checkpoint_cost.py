@@ -31,8 +31,8 @@ def sync() -> None:
 def bench(overrides: list[str], steps: int, workdir: Path, repeats: int) -> dict:
     from harness.lifecycle import checkpoint as ckpt
     from harness.lifecycle.artifacts import Summary
-    from harness.validation import load
     from harness.train import Trainer
+    from harness.validation import load
 
     cfg = load(["logger=none", "telemetry_interval=0", *overrides])
     run_dir = workdir / "run"

@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def lowp_cases(limit: int | None = None) -> list[dict]:
     """Every sweep case: its label, lowp's verdict (None = accepted, else the message), its argv."""
-    from harness.validation.reference_sweep import cases, verdict
     from harness.interop.megatron import megatron_args, provider_fields
+    from harness.validation.reference_sweep import cases, verdict
 
     out = []
     for label, cfg in cases():
@@ -245,7 +245,7 @@ def pretrain(args) -> dict:
         entry: dict = {"overrides": overrides_of(recipe)}
         report["recipes"][recipe] = entry
         export = subprocess.run(
-            [sys.executable, "-m", "harness.interop.megatron", *overrides_of(recipe), "--format", "sh"],
+            [sys.executable, "-m", "harness.megatron", *overrides_of(recipe), "--format", "sh"],
             capture_output=True,
             text=True,
             cwd=REPO,

@@ -44,7 +44,7 @@ FLOORS: dict[str, int] = {
     "harness.lifecycle": 7,  # run directory, checkpoints, resume, metrics, loggers
     "harness.interop": 8,  # Megatron-LM and Hugging Face in and out
     "harness.validation": 9,  # the rules and load(), above what they check
-    "harness.sweeps": 10,  # named sweeps through Hydra's multirun
+    "harness.multirun": 10,  # named sweeps through Hydra's multirun
     "harness.training": 10,  # the composition root: the loop and one run
     "harness.train": 11,  # entry modules (python -m ...)
     "harness.sweep": 11,
@@ -53,7 +53,7 @@ FLOORS: dict[str, int] = {
 }
 # the composition root and the config's own rooms may take the root Config
 ENTRY_POINTS = {"harness/train.py", "harness/megatron.py", "harness/sweep.py", "harness/export.py"}
-ROOT_CONFIG_ROOMS = ("harness/config/", "harness/validation/", "harness/training/", "harness/sweeps/")
+ROOT_CONFIG_ROOMS = ("harness/config/", "harness/validation/", "harness/training/", "harness/multirun/")
 ROOT_CONFIG_ROOMS += ("harness/interop/megatron.py",)  # the Megatron command maps the whole config
 BACKEND_FACTORY = {"harness/backends/__init__.py", "harness/backends/capability.py"}
 

@@ -115,9 +115,9 @@ def test_what_megatron_cannot_express_is_a_comment():
 
 
 def test_cli_prints_flags_and_refuses_illegal_configs():
-    res = run_cli(["-m", "harness.interop.megatron", "experiment=hopper_fp8"])
+    res = run_cli(["-m", "harness.megatron", "experiment=hopper_fp8"])
     assert res.returncode == 0 and "--fp8-recipe tensorwise" in res.stdout
-    res = run_cli(["-m", "harness.interop.megatron", "experiment=fp8_cpu_offload", "recipe=tensorwise"])
+    res = run_cli(["-m", "harness.megatron", "experiment=fp8_cpu_offload", "recipe=tensorwise"])
     assert res.returncode == 2 and res.stderr.strip().startswith("error: optimizer.optimizer_cpu_offload")
 
 

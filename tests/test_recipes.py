@@ -166,7 +166,7 @@ def test_entry_points_refuse_a_removed_recipe_with_exit_2_and_one_line(monkeypat
 
 
 def test_a_sweep_naming_a_removed_recipe_launches_nothing():
-    from harness.sweeps.spec import SweepError, build_jobs
+    from harness.multirun.spec import SweepError, build_jobs
 
     with pytest.raises(SweepError, match=r"arm .*: recipe=tensorwise_fp8head is no longer a recipe"):
         build_jobs("cpu_compare", ["recipe=tensorwise_fp8head"])

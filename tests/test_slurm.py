@@ -87,7 +87,7 @@ def test_sweep_on_real_slurm_survives_requeues(slurm, tmp_path):
         [
             sys.executable,
             "-m",
-            "harness.sweeps.launch",
+            "harness.sweep",
             "tiny_matrix",
             f"hydra.sweep.dir={sweep_dir}",
             "hydra/launcher=slurm",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.sweeps import launch as S
-from harness.sweeps.spec import SweepError, build_jobs, key_of, known_sweeps, load_spec
+from harness.multirun import launch as S
+from harness.multirun.spec import SweepError, build_jobs, key_of, known_sweeps, load_spec
 from tests.helpers import run_cli
 
 SHARED = ("model", "data", "steps", "global_batch_size", "eval_tokens", "hardware")
@@ -95,7 +95,7 @@ def test_an_invalid_job_stops_the_sweep_before_anything_runs(capsys, tmp_path):
 
 def test_resume_takes_only_launcher_overrides(capsys, tmp_path):
     jobs, _ = build_jobs("tiny_matrix", [])
-    from harness.sweeps.spec import write_jobs
+    from harness.multirun.spec import write_jobs
 
     write_jobs(tmp_path / "jobs.yaml", "tiny_matrix", "2026-01-01_00-00-00", jobs)
     assert S.main(["tiny_matrix", "--resume", str(tmp_path), "steps=3"]) == 2
@@ -121,7 +121,7 @@ def test_a_failed_job_never_stops_the_sweep_and_counts_in_the_exit_code(tmp_path
     res = run_cli(
         [
             "-m",
-            "harness.sweeps.launch",
+            "harness.sweep",
             str(own),
             f"hydra.sweep.dir={sweep_dir}",
             "hydra/launcher=local_parallel",
@@ -133,7 +133,7 @@ def test_a_failed_job_never_stops_the_sweep_and_counts_in_the_exit_code(tmp_path
     assert "1_broken_s0" in res.stderr and "0_bf16_s0" in res.stderr and "[2/2]" in res.stderr
     assert "2 jobs: 1 completed" in res.stdout and (sweep_dir / "report" / "report.html").exists()
     before = (sweep_dir / "0_bf16_s0" / "metrics.jsonl").stat().st_mtime_ns
-    again = run_cli(["-m", "harness.sweeps.launch", "failing", "--resume", str(sweep_dir), "--no-report"])
+    again = run_cli(["-m", "harness.sweep", "failing", "--resume", str(sweep_dir), "--no-report"])
     assert again.returncode == 1
     assert "[1/1] 1_broken_s0" in again.stderr and "0_bf16_s0" not in again.stderr
     assert (sweep_dir / "0_bf16_s0" / "metrics.jsonl").stat().st_mtime_ns == before

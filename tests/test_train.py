@@ -185,7 +185,7 @@ def test_cli_multirun_seeds_writes_two_complete_runs(tmp_path):
 @pytest.mark.slow
 def test_named_sweep_launcher(tmp_path):
     res = run_cli(
-        ["-m", "harness.sweeps.launch", "bf16_tiny_seeds", f"hydra.sweep.dir={tmp_path}", "steps=4"]
+        ["-m", "harness.sweep", "bf16_tiny_seeds", f"hydra.sweep.dir={tmp_path}", "steps=4"]
     )
     assert res.returncode == 0, res.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]

@@ -155,7 +155,7 @@ def open_logger(
 
 def sweep_group(run_dir: Path) -> str | None:
     """Multirun jobs share a W&B group named after their sweep directory, `<parent>/<name>`: for Hydra's
-    default multirun/<date>/<time> that is `<date>/<time>` (unique across days); harness.sweeps.launch sets
+    default multirun/<date>/<time> that is `<date>/<time>` (unique across days); harness.multirun.launch sets
     `<sweep>/<date_time>` explicitly (logger.wandb.group)."""
     try:
         from hydra.core.hydra_config import HydraConfig

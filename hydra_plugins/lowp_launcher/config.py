@@ -60,7 +60,7 @@ class LowpSlurmConf(LowpQueueConf):
 
 @dataclass
 class LowpSweeperConf:
-    """Runs an explicit job list (each job its own override list) written by `harness.sweeps.launch`."""
+    """Runs an explicit job list (each job its own override list) written by `harness.sweep`."""
 
     _target_: str = "hydra_plugins.lowp_launcher.sweeper.LowpSweeper"
     jobs_file: Optional[str] = None

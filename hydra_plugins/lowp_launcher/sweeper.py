@@ -1,6 +1,6 @@
 """hydra/sweeper=lowp: launch an explicit list of jobs (not a cartesian product) in one batch.
 
-`harness.sweeps.launch` writes the list (sweeps/NAME.yaml expanded, with its BF16 baselines) to
+`harness.sweep` writes the list (sweeps/NAME.yaml expanded, with its BF16 baselines) to
 `<sweep dir>/jobs.yaml`; each job is its own override list, including its run directory name.
 """
 

@@ -27,8 +27,8 @@ import warnings
 from pathlib import Path
 
 from harness.config.schema import Config
-from harness.sweeps.progress import fmt_duration, fmt_loss, read_summary
-from harness.sweeps.spec import (
+from harness.multirun.progress import fmt_duration, fmt_loss, read_summary
+from harness.multirun.spec import (
     Job,
     SweepError,
     build_jobs,
@@ -127,7 +127,7 @@ class Validator:
         from omegaconf import OmegaConf
 
         from harness.config.schema import Config
-        from harness.sweeps.callbacks import ValidateSweep
+        from harness.multirun.callbacks import ValidateSweep
         from harness.validation import prepare
         from harness.validation.rules import ConfigError, ConfigWarning, check_known_keys
 

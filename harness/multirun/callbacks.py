@@ -23,7 +23,7 @@ from harness.config.schema import Config
 def job_overrides(config: DictConfig) -> list[list[str]]:
     """The override list of every job of this multirun, in launch order."""
     jobs_file = OmegaConf.select(config, "hydra.sweeper.jobs_file")
-    if jobs_file:  # hydra/sweeper=lowp (harness.sweeps.launch): an explicit job list
+    if jobs_file:  # hydra/sweeper=lowp (harness.multirun.launch): an explicit job list
         from hydra_plugins.lowp_launcher.sweeper import load_jobs
 
         return load_jobs(jobs_file)
