@@ -51,7 +51,7 @@ CASES: dict[str, list[str]] = {
 
 
 def platform() -> str:
-    """ "amx" on a CPU whose bf16 GEMMs run on AMX tiles, else "" (the reference curves)."""
+    """The curves' variant for this CPU: "amx" where bf16 GEMMs run on AMX tiles, else "" (the reference)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

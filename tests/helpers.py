@@ -49,7 +49,24 @@ def tiny_cpu_run(steps: int, micro_batch_size: int, global_batch_size: int, **fi
     return base + ["data.num_tokens=20000", "optimizer.warmup_steps=2"]
 
 
+def run_main(capsys, main, prog: str, *args: str) -> tuple[int, str]:
+    """An entry point's `main()` run in this process with sys.argv = [prog, *args], as `python -m
+    prog` calls it: (exit code, what it wrote to stderr)."""
+    argv = sys.argv
+    sys.argv = [prog, *args]
+    try:
+        ret = main()
+        code = ret if isinstance(ret, int) else 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return code, capsys.readouterr().err
+
+
 def run_cli(args: list[str], cwd: Path = REPO, timeout: int = 300, env: dict | None = None):
+    """A fresh Python running `args` (tests that use it are marked slow: the fast lane starts no
+    process)."""
     import subprocess
 
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", **(env or {})}

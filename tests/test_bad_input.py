@@ -22,7 +22,7 @@ import torch
 from harness import train as T
 from harness.lifecycle import checkpoint as C
 from harness.lifecycle.runlock import RunLock
-from tests.helpers import REPO, TINY
+from tests.helpers import REPO, TINY, run_main
 from tests.test_data import random_docs, write_megatron
 
 FAST = [*TINY, "steps=4", "eval_interval=0", "log_interval=2"]
@@ -30,16 +30,7 @@ FAST = [*TINY, "steps=4", "eval_interval=0", "log_interval=2"]
 
 def cli(capsys, *args: str) -> tuple[int, str]:
     """Run the entry point in-process; (exit code, stderr)."""
-    argv = sys.argv
-    sys.argv = ["harness.train", *args]
-    try:
-        T.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = argv
-    return code, capsys.readouterr().err
+    return run_main(capsys, T.main, "harness.train", *args)
 
 
 def refused(capsys, run_dir: Path, *args: str, code: int = 2, match: str | tuple = ()) -> str:
@@ -366,6 +357,7 @@ def test_divergence_ends_cleanly_with_exit_0(tmp_path, capsys):
 
 
 # -- by hand: the real CLI, SIGTERM, restart ---------------------------------------------------------
+@pytest.mark.slow  # a real `python -m harness.train` to signal, and its restart: 600 steps
 def test_cli_sigterm_then_restart_resumes(tmp_path):
     """`python -m harness.train` stopped with SIGTERM checkpoints, says how to resume, exits 143;
     the printed command resumes it to the same end as an uninterrupted run."""

@@ -24,6 +24,7 @@ from tests.helpers import GPU_TINY_MODEL, free_port, serve_cases
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.slow,  # ranks are spawned processes
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
     pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs TE"),
 ]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from harness.validation.rules import ConfigError
-from tests.helpers import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_main
 
 transformers = pytest.importorskip("transformers")
 
@@ -101,14 +101,18 @@ def test_unsupported_fields_are_refused_in_one_line(tmp_path, cls, kw, needle):
     assert msg.startswith(f"model.hf_config={path}: ") and needle in msg and "\n" not in msg, msg
 
 
-def test_cli_exit_code_2_and_one_line(tmp_path):
+def test_cli_exit_code_2_and_one_line(tmp_path, capsys):
+    """Through the entry point (`python -m harness.train`'s main, in this process)."""
+    from harness.train import main
+
     bad = save(tmp_path, "MistralConfig", sliding_window=4096)
-    res = run_cli(["-m", "harness.train", "model=hf", f"model.hf_config={bad}", "logger=none", "steps=1"])
-    assert res.returncode == 2, res.stderr[-2000:]
-    lines = res.stderr.strip().splitlines()
-    assert lines[-1].startswith(f"error: model.hf_config={bad}: sliding_window=4096"), res.stderr[-2000:]
-    res = run_cli(["-m", "harness.train", "model=hf", "logger=none", "steps=1"])
-    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+    run = ["logger=none", "steps=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    code, err = run_main(capsys, main, "harness.train", "model=hf", f"model.hf_config={bad}", *run)
+    assert code == 2, err[-2000:]
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(f"error: model.hf_config={bad}: sliding_window=4096"), err[-2000:]
+    code, err = run_main(capsys, main, "harness.train", "model=hf", *run)
+    assert code == 2 and err.strip().splitlines()[-1] == (
         "error: model.hf_config: not set; model=hf needs model.hf_config=/path/to/config.json"
     )
 

@@ -35,8 +35,8 @@ def test_grad_norm_is_computed_only_when_clipping_or_logging(tmp_path, monkeypat
     import json
 
     from harness import optim
-    from harness.training import trainer
     from harness.train import run
+    from harness.training import trainer
     from tests.helpers import compose_cfg
 
     steps = []

@@ -171,6 +171,7 @@ def test_cli_progress_errors_and_nothing_lost(corpus, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "ds.bin", "ds.idx", "ds.json"]
 
 
+@pytest.mark.slow  # `python -m harness.data.prepare` itself; main(argv) is tested in-process above
 def test_module_entry_point(corpus, tmp_path):
     d, tok, _ = corpus
     res = run_cli(

@@ -23,6 +23,8 @@ from harness.lifecycle import metrics as M
 from harness.lifecycle.signals import StopRequest
 from tests.helpers import compose_cfg, tiny_cpu_run
 
+pytestmark = pytest.mark.slow  # forked children killed by real signals (the fast lane starts none)
+
 STEPS, EVERY = 14, 3  # checkpoints at 3, 6, 9, 12 and the end; faults never land on those
 RUN = tiny_cpu_run(  # global batch 4 of micro-batches of 2: accumulation on
     STEPS,

@@ -22,6 +22,7 @@ def test_lock_refuses_a_live_holder_and_frees_on_release(tmp_path):
     RunLock(tmp_path).acquire().release()  # free again
 
 
+@pytest.mark.slow  # a forked holder, SIGKILLed
 def test_lock_is_freed_by_the_kernel_when_its_holder_is_killed(tmp_path):
     pid = os.fork()
     if pid == 0:
@@ -100,6 +101,7 @@ def test_resume_command_replaces_run_dir_and_resume_mode(tmp_path):
     assert cmd == f"python -m harness.train recipe=delayed seed=1 hydra.run.dir={tmp_path.resolve()}"
 
 
+@pytest.mark.slow  # the W&B client starts its own service process
 def test_wandb_offline_resume_continues_the_same_run(tmp_path):
     """The real W&B client (offline): the resumed attempt logs into the run id kept in run.json."""
     from harness import train as T

@@ -184,9 +184,7 @@ def test_cli_multirun_seeds_writes_two_complete_runs(tmp_path):
 
 @pytest.mark.slow
 def test_named_sweep_launcher(tmp_path):
-    res = run_cli(
-        ["-m", "harness.sweep", "bf16_tiny_seeds", f"hydra.sweep.dir={tmp_path}", "steps=4"]
-    )
+    res = run_cli(["-m", "harness.sweep", "bf16_tiny_seeds", f"hydra.sweep.dir={tmp_path}", "steps=4"])
     assert res.returncode == 0, res.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
     assert sorted(s["seed"] for s in summaries) == [0, 1] and {s["steps"] for s in summaries} == {4}

@@ -115,6 +115,10 @@ def _operands(m=192, k=256, n=160, seed=0):
     return x, w, b, dy
 
 
+COMPILES = pytest.mark.slow  # torch.compile on a CPU: inductor runs g++ and starts its compile workers
+
+
+@COMPILES
 @pytest.mark.parametrize(
     ("name", "fields"),
     [("blockwise", {}), ("mxfp8", {}), ("tensorwise", {"power_2_scales": True}), ("delayed", {})],
@@ -128,6 +132,7 @@ def test_fast_linear_is_the_reference_linear_to_the_bit(name, fields):
         assert torch.equal(r, f), (name, what)
 
 
+@COMPILES
 @pytest.mark.parametrize("name", ["tensorwise", "nvfp4"])
 def test_fast_linear_with_folded_scales_differs_by_single_roundings(name):
     """The scale applied to the fp32 sum instead of to each element: y and dx (bf16) differ in under
@@ -334,6 +339,7 @@ def test_a_kernel_that_fails_to_build_falls_back_once_with_a_warning():
     assert calls == ["kernel", "fallback", "fallback"]
 
 
+@COMPILES
 def test_compiled_functions_keep_eager_s_bf16_roundings():
     """A compiled bf16 rounding in fp32 storage (fast.bf16_round) is eager's x.to(bf16).float()
     (Inductor folds the literal cast pair into nothing)."""

@@ -152,6 +152,7 @@ def _triton_matches_reference(hidden: int, rows: int) -> None:
         assert torch.equal(got[1], ref[1].reshape(rows, wn)), (hidden, sorted(fma), "M2")
 
 
+@pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
 def test_triton_statistics_are_the_reference_in_triton_s_interpreter():
     """The CUDA fast path's Triton kernel (te_layernorm_triton) run by Triton's CPU interpreter
     (TRITON_INTERPRET=1, read when triton compiles a kernel's definition: hence a fresh process):

@@ -5,6 +5,7 @@ import: hence a fresh process."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.helpers import in_triton_interpreter
@@ -42,6 +43,7 @@ def _matches_reference() -> None:
     assert triton_amax.tensor_amax(torch.zeros(7)).item() == 0.0
 
 
+@pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
 def test_block_amax_kernel_is_the_reference_in_triton_s_interpreter():
     in_triton_interpreter("from tests.numerics.test_triton_amax import _matches_reference as f\nf()\n")
 

@@ -5,6 +5,7 @@ TRITON_INTERPRET is read when triton builds a kernel's definition, at import: he
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.helpers import in_triton_interpreter
@@ -130,20 +131,24 @@ def _rht_matches_reference() -> None:
             _same(r.gemm_operand()[0], g.gemm_operand()[0], what + " GEMM operand")
 
 
+@pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
 def test_rht_kernel_is_the_reference_in_triton_s_interpreter():
     in_triton_interpreter("from tests.numerics.test_triton_cast import _rht_matches_reference as f\nf()\n")
 
 
+@pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
 def test_blockwise_kernel_is_the_reference_in_triton_s_interpreter():
     in_triton_interpreter(
         "from tests.numerics.test_triton_cast import _blockwise_matches_reference as f\nf()\n"
     )
 
 
+@pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
 def test_mxfp8_kernel_is_the_reference_in_triton_s_interpreter():
     in_triton_interpreter("from tests.numerics.test_triton_cast import _mxfp8_matches_reference as f\nf()\n")
 
 
+@pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
 def test_nvfp4_kernel_is_the_reference_in_triton_s_interpreter():
     in_triton_interpreter("from tests.numerics.test_triton_cast import _nvfp4_matches_reference as f\nf()\n")
 
