@@ -114,7 +114,15 @@ def test_what_megatron_cannot_express_is_a_comment():
     assert "NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1" in text
 
 
-def test_cli_prints_flags_and_refuses_illegal_configs():
+def test_cli_prints_flags_and_refuses_illegal_configs(capsys):
+    assert main(["experiment=hopper_fp8"]) == 0
+    assert "--fp8-recipe tensorwise" in capsys.readouterr().out
+    assert main(["experiment=fp8_cpu_offload", "recipe=tensorwise"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: optimizer.optimizer_cpu_offload")
+
+
+@pytest.mark.slow
+def test_the_command_line_is_the_same_main():
     res = run_cli(["-m", "harness.megatron", "experiment=hopper_fp8"])
     assert res.returncode == 0 and "--fp8-recipe tensorwise" in res.stdout
     res = run_cli(["-m", "harness.megatron", "experiment=fp8_cpu_offload", "recipe=tensorwise"])
@@ -355,11 +363,15 @@ def test_sweep_covers_every_preset_rule_and_outcome(sweep):
     assert any(v for _, _, refused, v in sweep if refused)  # the table itself refuses something
 
 
-def test_megatron_lm_benchmark_help_and_log_parsing():
+@pytest.mark.slow
+def test_megatron_lm_benchmark_help():
     res = run_cli(["-m", "benchmarks.megatron_lm", "--help"])
     assert res.returncode == 0 and "check" in res.stdout and "pretrain" in res.stdout
     res = run_cli(["-m", "benchmarks.megatron_lm", "check", "--megatron", "/nonexistent", "--out", "/tmp/x"])
     assert res.returncode == 2 and "no megatron/training/arguments.py" in res.stderr
+
+
+def test_megatron_lm_log_parsing():
     from benchmarks.megatron_lm import megatron_step_ms
 
     line = (
