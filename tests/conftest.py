@@ -85,8 +85,8 @@ def pytest_runtest_protocol(item, nextitem):
     training) and `platform.processor()` runs `uname -p` once per interpreter: in the fast lane the
     commit is read from the repository's files and the processor is left blank (what platform says
     when it cannot tell; provenance then records platform.machine())."""
-    if item.get_closest_marker("slow") is not None:
-        return (yield)
+    if item.get_closest_marker("slow") is not None or item.get_closest_marker("gpu") is not None:
+        return (yield)  # GPU tests (skipped on a CPU) may compile kernels in worker processes
     attempts = item.stash.setdefault(_ATTEMPTS, [])
     with pytest.MonkeyPatch.context() as mp:
         for owner, name, describe in SPAWNERS:
