@@ -1,7 +1,7 @@
 """Package layout (metadata is in pyproject.toml).
 
 conf/ and sweeps/ stay at the top of the repository and ship inside the wheel as harness/conf and
-harness/sweeps (harness.paths finds either), so an installed lowp runs without a checkout.
+harness/sweeps (harness.config.paths finds either), so an installed lowp runs without a checkout.
 hydra_plugins is a namespace package (no __init__.py) shared with the other Hydra plugins.
 """
 

@@ -4,8 +4,11 @@
     runs = analysis.load(["multirun/2026-01-01/12-00-00"])  # run dirs and W&B offline runs
     runs.runs       # one row per run: status, backend, hardware, versions, config.*, summary fields
     runs.curves     # long format: run, step, tokens, metric, value (NaN-free)
-    runs.numerics   # telemetry rows: run, recipe, step, layer, tensor, amax, scale, underflow, ...
-    analysis.compare(runs)  # one row per (group, recipe, variant, backend): verdict, gap [CI], ...
+    runs.numerics   # telemetry rows: run, recipe, recipe_label, step, layer, tensor, amax, underflow, ...
+    analysis.compare(runs)  # one row per (group, recipe label, variant, backend): verdict, gap [CI], ...
+
+`recipe` is the numerics family (bf16, delayed, tensorwise, ...); `recipe_label` is the family and the
+recipe fields that differ from its preset (e.g. `tensorwise + fast accumulation`), the arm's name.
 
 `Runs.objects` keeps the `Run` records the frames were made from, for `pairing.compare`, which does the
 grouping, pairing and intervals; the report, the CSVs and the notebook read the frames below.
@@ -28,9 +31,9 @@ from analysis.run import Run
 CURVE_METRICS = (K.LOSS_TRAIN, K.LOSS_EVAL, K.LR, K.GRAD_NORM, K.STEP_MS, K.TOKENS_PER_S, K.PEAK_MEM_GIB)
 """Metrics of `Runs.curves` by default; `load(..., metrics=None)` keeps every logged metric."""
 
-_RUN_FIELDS = ("name", "status", "recipe", "variant", "backend", "hardware", "model", "data", "seed",
-               "steps", "token_budget", "final_eval_loss", "tokens_per_s", "peak_mem_gib", "loss_floor",
-               "source")  # fmt: skip
+_RUN_FIELDS = ("name", "status", "recipe", "recipe_label", "variant", "backend", "hardware", "model", "data",
+               "seed", "steps", "token_budget", "final_eval_loss", "tokens_per_s", "peak_mem_gib",
+               "loss_floor", "source")  # fmt: skip
 _VERSIONS = ("torch", "te", "cuda", "gpu_name", "python", "git_sha", "git_dirty")
 
 
@@ -145,12 +148,13 @@ def numerics_frame(objects: list[Run]) -> pd.DataFrame:
             df = pd.DataFrame.from_records(rows)
             df.insert(0, "run", r.name)
             df.insert(1, "recipe", r.recipe)
-            df.insert(2, "variant", r.variant)
-            df.insert(3, "backend", r.backend)
-            df.insert(4, "seed", r.seed)
+            df.insert(2, "recipe_label", r.recipe_label)
+            df.insert(3, "variant", r.variant)
+            df.insert(4, "backend", r.backend)
+            df.insert(5, "seed", r.seed)
             frames.append(df)
-    cols = ["run", "recipe", "variant", "backend", "seed", "step", K.TELEMETRY_LAYER, K.TELEMETRY_TENSOR,
-            *K.TELEMETRY_STATS]  # fmt: skip
+    cols = ["run", "recipe", "recipe_label", "variant", "backend", "seed", "step", K.TELEMETRY_LAYER,
+            K.TELEMETRY_TENSOR, *K.TELEMETRY_STATS]  # fmt: skip
     if not frames:
         return pd.DataFrame(columns=cols)
     df = pd.concat(frames, ignore_index=True)
@@ -178,8 +182,9 @@ def comparison_frame(comp: pairing.Comparison) -> pd.DataFrame:
 
 
 def gap_curves(comp: pairing.Comparison) -> pd.DataFrame:
-    """Long format of every arm's relative gap along tokens with its interval: group, recipe, variant,
-    backend, metric (`loss/train` smoothed or `loss/eval`), tokens, gap_rel, gap_rel_lo, gap_rel_hi."""
+    """Long format of every arm's relative gap along tokens with its interval: group, recipe,
+    recipe_label, variant, backend, metric (`loss/train` smoothed or `loss/eval`), tokens, gap_rel,
+    gap_rel_lo, gap_rel_hi."""
     recs = []
     for g in comp.groups:
         for a in g.arms:
@@ -187,13 +192,15 @@ def gap_curves(comp: pairing.Comparison) -> pd.DataFrame:
                 if band is None:
                     continue
                 recs.append(pd.DataFrame({
-                    "group": str(g.key), "recipe": a.recipe, "variant": a.variant, "backend": a.backend,
+                    "group": str(g.key), "recipe": a.recipe, "recipe_label": a.recipe_label,
+                    "variant": a.variant, "backend": a.backend,
                     "metric": metric, "tokens": band["tokens"], "gap_rel": band["mean"],
                     "gap_rel_lo": band["lo"], "gap_rel_hi": band["hi"],
                 }))  # fmt: skip
     cols = [
         "group",
         "recipe",
+        "recipe_label",
         "variant",
         "backend",
         "metric",

@@ -51,6 +51,7 @@ TELEMETRY_STATS = ("amax", "scale", "underflow", "saturation", "sqnr_db")
 SUMMARY_FIELDS = (
     "status",
     "recipe",
+    "recipe_label",
     "variant",
     "backend",
     "hardware",
@@ -81,7 +82,31 @@ INCOMPLETE = "incomplete"
 """Not a summary status: analysis's name for a run directory without summary.json."""
 
 BASELINE_RECIPE = "bf16"
+"""The baseline's numerics family; the baseline is this family at its preset (recipe_label == recipe)."""
 NATIVE_BACKEND = "te"
 EMULATED_BACKEND = "emulated"
 DEFAULT_VARIANT = "none+adamw_fp32"
 """Stability and optimizer presets of the plain BF16 baseline (conf/config.yaml defaults)."""
+
+# Recipes: summary.recipe is a numerics family; summary.recipe_label is the family, then " + " and a
+# readable label for each recipe field that differs from the family's preset (`name=value` where the
+# field has no label), e.g. "tensorwise + fast accumulation"; at the preset it equals the family.
+LEGACY_RECIPES: dict[str, tuple[str, str]] = {
+    "delayed_fp8attn": ("delayed", "delayed + FP8 attention"),
+    "tensorwise_fp8attn": ("tensorwise", "tensorwise + FP8 attention (delayed-scaling attention)"),
+    "tensorwise_fastacc": ("tensorwise", "tensorwise + fast accumulation"),
+    "tensorwise_fp8attn_fastacc": (
+        "tensorwise",
+        "tensorwise + FP8 attention (delayed-scaling attention) + fast accumulation",
+    ),
+    "tensorwise_fp8head": ("tensorwise", "tensorwise + FP8 LM head"),
+    "tensorwise_fp8attn_fp8head": (
+        "tensorwise",
+        "tensorwise + FP8 attention (delayed-scaling attention) + FP8 LM head",
+    ),
+    "tensorwise_fp8head_fastacc": ("tensorwise", "tensorwise + FP8 LM head + fast accumulation"),
+    "tensorwise_fp8headbwd": ("tensorwise", "tensorwise + FP8 LM head backward"),
+    "tensorwise_fp8headbwd_fastacc": ("tensorwise", "tensorwise + FP8 LM head backward + fast accumulation"),
+}
+"""Recipe names that runs written before the families hold (summary.recipe, run.json config.recipe.name)
+-> (family, recipe label): analysis reads such a run as its family with that label."""

@@ -52,9 +52,9 @@ PUBLIC_ANCHORS: dict[str, tuple[float, str]] = {
 """Relative loss gaps published for a recipe (anchors.md "Public anchors"), at far larger scale."""
 
 COLUMNS = (
-    "hardware", "model", "data", "tokens", "recipe", "variant", "backend", "role", "rank", "runs", "seeds",
-    "steps", "status", "divergence", "verdict", "verdict_text", "baseline", "pairing", "interval",
-    "gap_metric", "gap_rel", "gap_rel_lo", "gap_rel_hi", "mde_rel",
+    "hardware", "model", "data", "tokens", "recipe", "recipe_label", "variant", "backend", "role", "rank",
+    "runs", "seeds", "steps", "status", "divergence", "verdict", "verdict_text", "baseline", "pairing",
+    "interval", "gap_metric", "gap_rel", "gap_rel_lo", "gap_rel_hi", "mde_rel",
     "final_train_loss", "bf16_final_train_loss", "train_gap_abs", "train_gap_rel", "train_gap_rel_lo",
     "train_gap_rel_hi", "train_mde_rel",
     "final_eval_loss", "bf16_final_eval_loss", "eval_gap_abs", "eval_gap_rel", "eval_gap_rel_lo",
@@ -303,13 +303,16 @@ def _time_to_target(res: RunResult, base: Baseline, ref_curve: Curve | None) -> 
         res.ref_wall_at_q = _mean(walls)
 
 
-# --- arms: one row per (recipe, variant, backend) of a group ---------------------------------------
+# --- arms: one row per (recipe label, variant, backend) of a group ---------------------------------
 
 
 @dataclass
 class Arm:
     key: GroupKey
     recipe: str | None
+    """The numerics family."""
+    recipe_label: str | None
+    """The family and the recipe fields that differ from its preset (`Run.recipe_label`)."""
     variant: str
     backend: str | None
     role: str
@@ -321,6 +324,17 @@ class Arm:
     """Relative smoothed-train-loss gap along tokens: tokens, mean, lo, hi (the interval per point)."""
     eval_band: dict[str, np.ndarray] | None = None
     """The same for eval loss, on the BF16 eval tokens."""
+
+    @property
+    def name(self) -> str:
+        return arm_name(self.recipe_label, self.variant, self.backend)
+
+
+def arm_name(recipe_label: str | None, variant: str, backend: str | None) -> str:
+    """An arm as tables, legends and telemetry name it: the recipe label, the presets where they are
+    not the plain ones, the backend (one function, so a row and its curve carry the same name)."""
+    presets = "" if variant == K.DEFAULT_VARIANT else f" [{variant}]"
+    return f"{recipe_label}{presets} ({backend})"
 
 
 @dataclass
@@ -423,9 +437,9 @@ def _arm_row(arm: Arm, base: Baseline | None, missing: str) -> dict[str, Any]:
     steps = sorted({r.steps for r in runs if r.steps is not None})
     row.update(
         hardware=key.hardware, model=key.model, data=key.data, tokens=key.tokens, recipe=arm.recipe,
-        variant=arm.variant, backend=arm.backend, role=arm.role, runs=len(runs),
-        seeds=",".join(str(r.seed) for r in runs), steps=",".join(map(str, steps)), status=status,
-        divergence=divergence, loss_floor=_mean([r.loss_floor for r in runs]),
+        recipe_label=arm.recipe_label, variant=arm.variant, backend=arm.backend, role=arm.role,
+        runs=len(runs), seeds=",".join(str(r.seed) for r in runs), steps=",".join(map(str, steps)),
+        status=status, divergence=divergence, loss_floor=_mean([r.loss_floor for r in runs]),
         config_warnings="; ".join(dict.fromkeys(w for r in runs for w in r.config_warnings)),
     )  # fmt: skip
     _speed(row, runs, base)
@@ -642,20 +656,29 @@ def _settings(run: Run) -> dict[str, Any]:
 
 
 def arm_variants(runs: list[Run]) -> dict[int, str]:
-    """The variant of each run (by id): its stability+optimizer presets, plus every recipe/stability/
-    optimizer field that differs between runs of the same recipe and presets (e.g. NVFP4 with
-    `recipe.disable_rht=True` against NVFP4 with its defaults), so such runs are separate arms."""
-    by_preset: dict[tuple, list[Run]] = defaultdict(list)
-    for r in runs:
-        by_preset[(r.recipe, r.variant)].append(r)
+    """The variant of each run (by id): its stability+optimizer presets, plus the fields that differ
+    between runs that would otherwise share an arm, so that such runs are separate arms: recipe fields
+    between runs of the same recipe label (e.g. NVFP4 with `recipe.disable_rht=True` against NVFP4 at
+    its defaults, both written before recipe labels), stability and optimizer fields between runs of
+    the same family and presets. Recipe fields that the labels already tell apart are not repeated."""
+    settings = {id(r): _settings(r) for r in runs}
+    varying: dict[int, set[str]] = defaultdict(set)
+    for sections, key in ((("stability", "optimizer"), lambda r: (r.recipe, r.variant)),
+                          (("recipe",), lambda r: (r.recipe_label, r.variant))):  # fmt: skip
+        together: dict[tuple, list[Run]] = defaultdict(list)
+        for r in runs:
+            together[key(r)].append(r)
+        for rs in together.values():
+            sts = [settings[id(r)] for r in rs]
+            keys = {k for k in set().union(*sts) if k.split(".", 1)[0] in sections}
+            differ = {k for k in keys if len({st.get(k) for st in sts}) > 1}
+            for r in rs:
+                varying[id(r)] |= differ
     out = {}
-    for (_, variant), rs in by_preset.items():
-        settings = [_settings(r) for r in rs]
-        keys = sorted(set().union(*settings))
-        varying = [k for k in keys if len({st.get(k) for st in settings}) > 1]
-        for r, st in zip(rs, settings, strict=True):
-            sig = ",".join(f"{k.split('.', 1)[1]}={st.get(k)}" for k in varying)
-            out[id(r)] = f"{variant} {{{sig}}}" if sig else variant
+    for r in runs:
+        st = settings[id(r)]
+        sig = ",".join(f"{k.split('.', 1)[1]}={st.get(k)}" for k in sorted(varying[id(r)]))
+        out[id(r)] = f"{r.variant} {{{sig}}}" if sig else r.variant
     return out
 
 
@@ -686,13 +709,14 @@ def _compare_group(key: GroupKey, runs: list[Run], all_runs: list[Run], smooth_f
     arms: dict[tuple, list[Run]] = defaultdict(list)
     variants = arm_variants(runs)
     for r in runs:
-        arms[(r.recipe, variants[id(r)], r.backend)].append(r)
+        arms[(r.recipe, r.recipe_label, variants[id(r)], r.backend)].append(r)
     missing = _missing_text(key, all_runs)
-    for (recipe, variant, backend), arm_runs in sorted(arms.items(), key=lambda kv: _arm_order(kv[0], base)):
-        role = "baseline" if base and variant == base.variant and recipe == K.BASELINE_RECIPE else "arm"
+    for arm_key, arm_runs in sorted(arms.items(), key=lambda kv: _arm_order(kv[0], base)):
+        recipe, label, variant, backend = arm_key
+        role = "baseline" if _is_baseline_arm(arm_key, base) else "arm"
         arm_runs.sort(key=lambda r: (r.seed is None, r.seed or 0, r.name))
         results = [compare_run(r, base, window) for r in arm_runs] if base else []
-        arm = Arm(key, recipe, variant, backend, role, arm_runs, results)
+        arm = Arm(key, recipe, label, variant, backend, role, arm_runs, results)
         arm.row = _arm_row(arm, base, missing)
         group.arms.append(arm)
     _rank(group)
@@ -712,7 +736,11 @@ def _rank(group: Group) -> None:
     group.arms.sort(key=lambda a: a.row["rank"])
 
 
+def _is_baseline_arm(arm_key: tuple, base: Baseline | None) -> bool:
+    """BF16 at its preset (recipe label == family) with the baseline's presets."""
+    recipe, label, variant, _ = arm_key
+    return base is not None and recipe == label == K.BASELINE_RECIPE and variant == base.variant
+
+
 def _arm_order(arm_key: tuple, base: Baseline | None) -> tuple:
-    recipe, variant, backend = arm_key
-    is_base = recipe == K.BASELINE_RECIPE and base is not None and variant == base.variant
-    return (not is_base, str(recipe), str(variant), str(backend))
+    return (not _is_baseline_arm(arm_key, base), *map(str, arm_key))

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from analysis import keys as K
 from analysis.pairing import EARLY_FRAC, PUBLIC_ANCHORS, Arm, Group, eval_at
+from analysis.telemetry import group_cells
 
 _COLORS = {
     "bf16": "#222222", "delayed": "#1f77b4", "tensorwise": "#2ca02c", "blockwise": "#17becf",
@@ -34,11 +35,6 @@ def arm_colors(group: Group) -> dict[int, str]:
         used.add(c)
         out[id(a)] = c
     return out
-
-
-def arm_label(arm: Arm) -> str:
-    variant = "" if arm.variant == K.DEFAULT_VARIANT else f" [{arm.variant}]"
-    return f"{arm.recipe}{variant} ({arm.backend})"
 
 
 def _style(arm: Arm) -> str:
@@ -86,7 +82,7 @@ def loss_curves(group: Group) -> Figure | None:
                 with np.errstate(invalid="ignore"):
                     m = np.nanmean(st, 0)
                 ax.plot(grid, m, _style(arm), color=colors[id(arm)], lw=1.4,
-                        label=f"{arm_label(arm)} mean of {len(st)}")  # fmt: skip
+                        label=f"{arm.name} mean of {len(st)}")  # fmt: skip
         late = grid >= grid[0] + EARLY_FRAC * (grid[-1] - grid[0])
         ys = np.concatenate([ln.get_ydata()[late] for ln in ax.lines] or [np.zeros(0)])
         if floor is not None:
@@ -123,7 +119,7 @@ def gap_curves(group: Group) -> Figure | None:
             if b is None:
                 continue
             c = colors[id(arm)]
-            ax.plot(b["tokens"], 100 * b["mean"], _style(arm), color=c, lw=1.4, label=arm_label(arm))
+            ax.plot(b["tokens"], 100 * b["mean"], _style(arm), color=c, lw=1.4, label=arm.name)
             ax.fill_between(b["tokens"], 100 * b["lo"], 100 * b["hi"], color=c, alpha=0.18, lw=0)
         for recipe, (value, text) in PUBLIC_ANCHORS.items():
             if any(a.recipe == recipe for a in arms):
@@ -164,7 +160,7 @@ def pareto(group: Group) -> Figure | None:
             if col == "throughput_ratio" and r.get("throughput_ratio_lo") is not None:
                 yerr = [[y - r["throughput_ratio_lo"]], [r["throughput_ratio_hi"] - y]]
             ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="o", color=colors[id(a)], capsize=3, zorder=3)
-            ax.annotate(arm_label(a), (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            ax.annotate(a.name, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
         sign = 1 if better == "max" else -1
         front = sorted((p for p in pts if not any(q is not p and q[0] <= p[0] and sign * q[1] >= sign * p[1]
                                                   and (q[0], q[1]) != (p[0], p[1]) for q in pts)),
@@ -257,8 +253,6 @@ def save(fig: Figure, out_dir: str | Path, stem: str) -> list[Path]:
 
 def group_figures(group: Group, numerics: pd.DataFrame | None = None) -> list[tuple[str, Figure | None, str]]:
     """(name, figure or None, caption) for every figure of a group; None: see `absent_reason`."""
-    from analysis.telemetry import group_cells
-
     how = f"{len(group.runs)} runs; {group.key}"
     cells = group_cells(group, numerics) if numerics is not None else None
     return [

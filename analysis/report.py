@@ -24,7 +24,7 @@ import pandas as pd
 from analysis import keys as K
 from analysis import stats as S
 from analysis.frames import Runs, comparison_frame, gap_curves, load
-from analysis.pairing import EARLY_FRAC, GRID_POINTS, PUBLIC_ANCHORS, SMOOTH_FRAC, Comparison, Group
+from analysis.pairing import EARLY_FRAC, GRID_POINTS, PUBLIC_ANCHORS, SMOOTH_FRAC, Comparison, Group, arm_name
 from analysis.reader import RunWarning
 
 # --- cells -----------------------------------------------------------------------------------------
@@ -54,9 +54,9 @@ def _ci(row: pd.Series, col: str, fmt: str, scale: float = 1.0, suffix: str = ""
     return s
 
 
-def arm_name(row: pd.Series) -> str:
-    variant = "" if row["variant"] == K.DEFAULT_VARIANT else f" [{row['variant']}]"
-    return f"{row['recipe']}{variant} ({row['backend']})"
+def row_name(row: pd.Series) -> str:
+    """The arm of a comparison row, named as its curves are (`pairing.arm_name`)."""
+    return arm_name(row["recipe_label"], row["variant"], row["backend"])
 
 
 def display_frame(comp: pd.DataFrame) -> pd.DataFrame:
@@ -76,7 +76,7 @@ def display_frame(comp: pd.DataFrame) -> pd.DataFrame:
             tok = _withheld(row, "token efficiency") or "—"
         return {
             "rank": "BF16" if base else str(int(row["rank"])),
-            "recipe": arm_name(row),
+            "recipe": row_name(row),
             "verdict": _short_verdict(row),
             "gap [95% CI]": f"{gap} ({metric})" if gap and gap != "—" else "—",
             "would detect ≥": f"{100 * mde:.2f}%" if _num(mde) else "—",
@@ -126,7 +126,7 @@ def group_sentence(g: Group, df: pd.DataFrame) -> str:
         sel = arms[arms["verdict"] == verdict]
         if sel.empty:
             continue
-        items = [f"{arm_name(r)} {_ci(r, 'gap_rel', '+.2f', 100, '%') or ''}".rstrip()
+        items = [f"{row_name(r)} {_ci(r, 'gap_rel', '+.2f', 100, '%') or ''}".rstrip()
                  for _, r in sel.iterrows()]  # fmt: skip
         parts.append(f"{title}: " + ", ".join(items))
     mde = arms["mde_rel"].dropna()
@@ -163,6 +163,9 @@ def method_items(smooth_frac: float) -> list[str]:
     return [
         "Groups: (hardware, model, data, token budget); nothing is compared across groups. Token budget = "
         "summary.tokens of a completed run, else steps x global_batch_size x seq_length.",
+        "Arms: one per recipe label (the numerics family, then each recipe field that differs from the "
+        "family's preset, e.g. 'tensorwise + fast accumulation'), presets and backend. Fields that still "
+        "differ between runs of one arm's label, family and presets are named in {...} after the presets.",
         f"Baseline: the completed BF16 runs of the group with presets {K.DEFAULT_VARIANT} (else the most "
         "common BF16 variant).",
         "Gap: run minus BF16, relative to the BF16 seed mean. The headline gap is the final eval loss when "
@@ -286,7 +289,7 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-RUN_COLUMNS = ("run", "recipe", "variant", "backend", "hardware", "seed", "status", "steps",
+RUN_COLUMNS = ("run", "recipe", "recipe_label", "variant", "backend", "hardware", "seed", "status", "steps",
                "token_budget", "final_train_loss", "final_eval_loss", "tokens_per_s", "peak_mem_gib",
                "diverged_step")  # fmt: skip
 

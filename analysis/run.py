@@ -54,7 +54,14 @@ class Run:
 
     @property
     def recipe(self) -> str | None:
-        return self.get("recipe")
+        """The numerics family; a recipe name from before the families is read as its family."""
+        return recipe_identity(self.get("recipe"), None)[0]
+
+    @property
+    def recipe_label(self) -> str | None:
+        """The family and the recipe fields that differ from its preset, in words: summary.recipe_label,
+        else the label of a name from before the families, else the family (a run at its preset)."""
+        return recipe_identity(self.get("recipe"), self.get("recipe_label"))[1]
 
     @property
     def variant(self) -> str:
@@ -127,7 +134,8 @@ class Run:
 
     @property
     def is_baseline(self) -> bool:
-        return self.recipe == K.BASELINE_RECIPE
+        """A BF16 run at the family's preset (a BF16 run with a recipe field changed is an arm)."""
+        return self.recipe == K.BASELINE_RECIPE and self.recipe_label == K.BASELINE_RECIPE
 
     @property
     def is_native(self) -> bool:
@@ -174,7 +182,17 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.recipe} [{self.variant}] ({self.backend or 'backend?'})"
+        return f"{self.recipe_label} [{self.variant}] ({self.backend or 'backend?'})"
+
+
+def recipe_identity(recipe: Any, label: Any = None) -> tuple[str | None, str | None]:
+    """(family, recipe label) of a run whose recipe is `recipe` and whose summary.recipe_label is
+    `label` (None where the run was written before labels): names from before the families go
+    through `keys.LEGACY_RECIPES`; a run without a label is at its family's preset."""
+    if recipe is None:
+        return None, str(label) if label else None
+    family, legacy_label = K.LEGACY_RECIPES.get(str(recipe), (str(recipe), None))
+    return family, str(label or legacy_label or family)
 
 
 def _name_of(v: Any) -> Any:

@@ -3,13 +3,15 @@ result files, analysis.collect's), several files at once.
 
     python -m analysis.seed_band RESULT.json [RESULT.json ...] [--key eval] [--out OUT.json]
 
-Every completed run of recipe bf16 is a seed of the band (one per seed: a seed found in two files
-keeps the first file's run, so list the file of the band's own call first). Every other run is
-judged against the BF16 run of its own seed (same init and data order), with
-analysis.fidelity.criterion: at every logged step, |run - bf16 of its seed| against the mean
-|seed_i - seed_j| over all pairs of BF16 seeds. A recipe holds where every one of its seeds holds;
-the verdict is on `--key` (eval: the held-out loss at every eval point), the other curve's violations
-are reported beside it. Runs without a BF16 run of their seed are listed, not judged.
+Every completed run of BF16 at its preset is a seed of the band (one per seed: a seed found in two
+files keeps the first file's run, so list the file of the band's own call first). The other runs are
+grouped by recipe label (the family and the recipe fields that differ from its preset, e.g.
+`tensorwise + fast accumulation`; a name from before the families, such as `tensorwise_fastacc`, is
+read as its family and label), and each run is judged against the BF16 run of its own seed (same init
+and data order), with analysis.fidelity.criterion: at every logged step, |run - bf16 of its seed|
+against the mean |seed_i - seed_j| over all pairs of BF16 seeds. A recipe holds where every one of its
+seeds holds; the verdict is on `--key` (eval: the held-out loss at every eval point), the other
+curve's violations are reported beside it. Runs without a BF16 run of their seed are listed, not judged.
 """
 
 from __future__ import annotations
@@ -20,37 +22,49 @@ import re
 import sys
 from pathlib import Path
 
+from analysis import keys as K
 from analysis.fidelity import criterion, criterion_free
+from analysis.run import recipe_identity
 
 KEYS = ("eval", "train")
 
 
 def load_runs(paths: list[Path]) -> list[dict]:
-    """The completed runs of the files, in order: {label, file, recipe, seed, eval, train}."""
+    """The completed runs of the files, in order: {label, file, recipe (the arm), seed, eval, train}."""
     runs = []
     for path in paths:
         for label, r in json.loads(Path(path).read_text()).get("runs", {}).items():
             s = r.get("summary") or {}
             if s.get("status") != "completed":
                 continue
-            arm = _arm(label, s["recipe"])
+            arm = _arm(label, s)
             runs.append({"label": label, "file": Path(path).name, "recipe": arm, "seed": s["seed"]})
             runs[-1].update({k: r[k] for k in KEYS})
     return runs
 
 
-def _arm(label: str, recipe: str) -> str:
-    """The arm a run belongs to: its recipe, or its label without the seed suffix where that names a
-    variant of the recipe (a field override, e.g. `tensorwise_fp8headbwd_fastacc_e4m3grad_s0`)."""
+def _arm(label: str, summary: dict) -> str:
+    """The arm a run belongs to: its recipe label, then its presets where they are not the plain ones.
+
+    A run written before recipe labels has only its name to tell a field override apart: where the
+    run's label (without the seed suffix) goes on past its recipe's name, the rest names the override,
+    e.g. `tensorwise_fp8headbwd_fastacc_e4m3grad_s0` is `tensorwise + FP8 LM head backward + fast
+    accumulation + e4m3grad`, an arm of its own.
+    """
+    recipe, written = summary["recipe"], summary.get("recipe_label")
+    _, arm = recipe_identity(recipe, written)
     stem = re.sub(r"_s\d+$", "", label)
-    return stem if stem.startswith(f"{recipe}_") else recipe
+    if not written and stem.startswith(f"{recipe}_"):
+        arm = f"{arm} + {stem[len(recipe) + 1 :]}"
+    variant = summary.get("variant")
+    return f"{arm} [{variant}]" if variant and variant != K.DEFAULT_VARIANT else arm
 
 
 def judge(runs: list[dict], key: str = "eval") -> dict:
     """The band (BF16 seeds) and each other recipe's verdict; see the module docstring."""
     band: dict[int, dict] = {}
     for r in runs:
-        if r["recipe"] == "bf16":
+        if r["recipe"] == K.BASELINE_RECIPE:
             band.setdefault(r["seed"], r)
     if len(band) < 2:
         raise ValueError(
@@ -67,7 +81,7 @@ def judge(runs: list[dict], key: str = "eval") -> dict:
                 )
     recipes: dict[str, dict] = {}
     for r in runs:
-        if r["recipe"] == "bf16":
+        if r["recipe"] == K.BASELINE_RECIPE:
             continue
         entry = recipes.setdefault(r["recipe"], {"runs": [], "unpaired": []})
         if r["seed"] not in band:
@@ -100,10 +114,11 @@ def judge(runs: list[dict], key: str = "eval") -> dict:
 
 def table(result: dict) -> str:
     key = result["key"]
+    w = max([28, *map(len, result["recipes"])])
     lines = [
         f"BF16 seeds {result['bf16_seeds']}; mean pairwise gap ({key}): "
         + " ".join(f"{s}:{g:.4f}" for s, g in result["mean_pairwise_gap"]),
-        f"{'recipe':28s} {'seed':>4s} {'final ' + key:>11s}  {key} - bf16 of its seed"
+        f"{'recipe':{w}s} {'seed':>4s} {'final ' + key:>11s}  {key} - bf16 of its seed"
         f"{'':18s}violations ({key} / other)",
     ]
     other = next(k for k in KEYS if k != key)
@@ -111,10 +126,10 @@ def table(result: dict) -> str:
         for x in entry["runs"]:
             signed = " ".join(f"{d:+.4f}" for _, d in x["signed"][key])
             v = f"{x['violations'][key] or 'none'} / {x['violations'][other] or 'none'}"
-            lines.append(f"{name:28s} {x['seed']:>4d} {x['final'][key]:11.4f}  {signed}  {v}")
+            lines.append(f"{name:{w}s} {x['seed']:>4d} {x['final'][key]:11.4f}  {signed}  {v}")
         verdict = "holds" if entry["holds"] else "FAILS"
         extra = f" (not judged, no BF16 run of their seed: {entry['unpaired']})" if entry["unpaired"] else ""
-        lines.append(f"{name:28s} {verdict} on {key} at {len(entry['runs'])} seed(s){extra}")
+        lines.append(f"{name:{w}s} {verdict} on {key} at {len(entry['runs'])} seed(s){extra}")
     return "\n".join(lines)
 
 

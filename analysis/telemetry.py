@@ -62,9 +62,7 @@ def numerics_matrix(rows: list[dict[str, Any]], stat: str) -> tuple[list[str], l
 def group_cells(group, numerics: pd.DataFrame) -> pd.DataFrame:
     """Mean of every telemetry statistic per (arm, layer, tensor) over telemetry steps and seeds, for
     the low-precision arms of a compared group; `arm` is the arm's label."""
-    from analysis.plots import arm_label
-
-    labels = {r.name: arm_label(a) for a in group.arms if a.recipe != K.BASELINE_RECIPE for r in a.runs}
+    labels = {r.name: a.name for a in group.arms if a.recipe != K.BASELINE_RECIPE for r in a.runs}
     df = numerics[numerics["run"].isin(labels)] if len(numerics) else numerics
     if not len(df):
         return pd.DataFrame(columns=["arm", K.TELEMETRY_LAYER, K.TELEMETRY_TENSOR, *K.TELEMETRY_STATS])

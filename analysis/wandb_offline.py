@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from analysis import keys as K
-from analysis.reader import Run, rows_to_columns
+from analysis.columns import rows_to_columns
+from analysis.run import Run
 
 _IDENT, _MAGIC, _VERSION = b":W&B", 0xBEE1, 0
 _BLOCK = 32768

@@ -63,7 +63,8 @@ def log_to_wandb(runs: Runs, comparison: Comparison, out: str | Path) -> str:
                 art.add_file(str(f), name=f.relative_to(out).as_posix())
         run.log_artifact(art)
         for _, row in comp.iterrows():
-            label = f"{row['recipe']} [{row['variant']}] ({row['backend']}) {row['hardware']}/{row['model']}"
+            arm = f"{row['recipe_label']} [{row['variant']}] ({row['backend']})"
+            label = f"{arm} {row['hardware']}/{row['model']}"
             run.summary[f"verdict/{label}"] = row["verdict_text"]
         analysis_id = run.id
     n = _verdicts_to_runs(runs, comparison, comp, mode)
@@ -75,14 +76,14 @@ def _verdicts_to_runs(runs: Runs, comparison: Comparison, comp: pd.DataFrame, mo
     import wandb
 
     variants = arm_variants(comparison.runs)
-    index = {(str(r["hardware"]), str(r["model"]), str(r["data"]), r["tokens"], r["recipe"], r["variant"],
-              r["backend"]): r for _, r in comp.iterrows()}  # fmt: skip
+    index = {(str(r["hardware"]), str(r["model"]), str(r["data"]), r["tokens"], r["recipe_label"],
+              r["variant"], r["backend"]): r for _, r in comp.iterrows()}  # fmt: skip
     n = 0
     for g in comparison.groups:
         for r in g.runs:
             if not r.wandb or not r.wandb.get("run_id"):
                 continue
-            key = (str(g.key.hardware), str(g.key.model), str(g.key.data), g.key.tokens, r.recipe,
+            key = (str(g.key.hardware), str(g.key.model), str(g.key.data), g.key.tokens, r.recipe_label,
                    variants[id(r)], r.backend)  # fmt: skip
             row = index.get(key)
             if row is None:

@@ -29,10 +29,10 @@ def sync() -> None:
 
 
 def bench(overrides: list[str], steps: int, workdir: Path, repeats: int) -> dict:
-    from harness import checkpoint as ckpt
-    from harness.artifacts import Summary
-    from harness.config import load
+    from harness.lifecycle import checkpoint as ckpt
+    from harness.lifecycle.artifacts import Summary
     from harness.train import Trainer
+    from harness.validation import load
 
     cfg = load(["logger=none", "telemetry_interval=0", *overrides])
     run_dir = workdir / "run"

@@ -50,7 +50,7 @@ def plan(spec: specs.Spec, opts: Options) -> dict[str, list[str]]:
 def make_arm(cfg, device: torch.device):
     """One recipe's step function: a fresh model from seed 0, AdamW, a fixed batch."""
     from harness.backends import build_backend
-    from harness.loss import loss_fn
+    from harness.model.loss import loss_fn
     from harness.train import backend_spec
 
     backend = build_backend(backend_spec(cfg), device)

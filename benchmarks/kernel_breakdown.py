@@ -8,9 +8,7 @@ launching thread when its runtime call ran, linked by the trace's correlation id
 
 - `lm_head`: GEMMs launched under aten::mm / aten::addmm / aten::matmul. On the TE path the blocks'
   GEMMs go through TE's own extension (no aten op), so these are the LM head's (its forward and its
-  two backward GEMMs); on a plain PyTorch model every GEMM would land here. With an FP8 LM head
-  (the *_fp8head recipes) the head is a te.Linear, so its GEMMs count in `gemm_fp8` (compare with
-  the same call's row without it).
+  two backward GEMMs); on a plain PyTorch model every GEMM would land here.
 - `optimizer`: anything under an `Optimizer.step` op, and multi-tensor/Adam kernels;
 - `qkv_select_backward`: the zero fills, copies and adds of autograd's SelectBackward (q, k, v taken
   from TE's packed QKV one by one: what backend.packed_qkv_grad removes);

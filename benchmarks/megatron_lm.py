@@ -4,7 +4,7 @@
     python -m benchmarks.megatron_lm pretrain --megatron DIR --out OUT [--recipes bf16,tensorwise]
         [--iters 20] [--timeout 240]
 
-`check` exports every case of the preset x recipe x knob sweep (harness.config.reference_sweep),
+`check` exports every case of the preset x recipe x knob sweep (harness.validation.reference_sweep),
 accepted by lowp or not, and feeds each distinct flag list to Megatron-LM's own `parse_args` +
 `validate_args`, then builds its TransformerConfig, OptimizerConfig and DDP config from the
 parsed args and, where Transformer Engine is importable, Megatron's TE recipe object. It writes
@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def lowp_cases(limit: int | None = None) -> list[dict]:
     """Every sweep case: its label, lowp's verdict (None = accepted, else the message), its argv."""
-    from harness.config.reference_sweep import cases, verdict
-    from harness.megatron import megatron_args, provider_fields
+    from harness.interop.megatron import megatron_args, provider_fields
+    from harness.validation.reference_sweep import cases, verdict
 
     out = []
     for label, cfg in cases():

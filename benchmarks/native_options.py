@@ -6,10 +6,10 @@
 Each run (the spec's `runs`: label -> overrides) builds the harness's own Trainer once and times its
 `train_step` (CUDA events, median of the timed steps after the warm-up, peak memory of the timed
 steps only), then counts what autograd saves for backward over one more step
-(harness.memory.SavedTensors) and, with `profile`, traces `profile_steps` more steps with
+(harness.lifecycle.memory.SavedTensors) and, with `profile`, traces `profile_steps` more steps with
 torch.profiler and sums the kernels per category (benchmarks.kernel_breakdown: GEMMs FP8/BF16, LM
 head, attention, norms, casts, activation, loss, optimizer, SelectBackward, ...). The summary's
-memory breakdown (harness.memory.breakdown) explains the peak.
+memory breakdown (harness.lifecycle.memory.breakdown) explains the peak.
 
 Robust by construction: a run that fails records its error and the next one starts; the JSON is
 rewritten after every run; runs that would start after `budget_s` seconds are recorded as skipped,
@@ -73,7 +73,7 @@ def _time_steps(trainer, first: int, count: int) -> list[float]:
 
 
 def _saved_bytes(trainer, step: int) -> int:
-    from harness.memory import SavedTensors
+    from harness.lifecycle.memory import SavedTensors
 
     counter = SavedTensors(exclude=list(trainer.model.parameters()))
     with counter.counting():
@@ -105,7 +105,7 @@ def _self_device_us(event) -> float:
 
 
 def measure(label: str, overrides: list[str], opts: Options, work: Path) -> dict:
-    from harness.memory import breakdown
+    from harness.lifecycle.memory import breakdown
 
     entry: dict = {"overrides": overrides}
     trainer = None

@@ -166,21 +166,21 @@ def from_args(args: argparse.Namespace, cls, benchmark: str) -> tuple[Spec, obje
 def load_config(overrides: list[str]):
     """A composed, typed, resolved and validated Config (harness.config.load: what every entry point
     trains); raises ConfigError."""
-    from harness.config import load
+    from harness.validation import load
 
     return load(list(overrides))
 
 
 def compose_only(overrides: list[str]):
     """The typed Config without hardware resolution or validation: names and types checked only."""
-    from harness.config import compose_config
+    from harness.validation import compose_config
 
     return compose_config(list(overrides))
 
 
 def machine_tag() -> str:
     """h200, cpu, ... (hardware preset names), or the GPU's name as a slug when no preset matches."""
-    from harness.hardware import detect_preset
+    from harness.backends.hardware import detect_preset
 
     tag = detect_preset()
     if tag == "unknown_gpu":
@@ -201,7 +201,7 @@ def meta(spec: Spec, opts) -> dict:
 
     import torch
 
-    from harness.artifacts import git_state
+    from harness.lifecycle.artifacts import git_state
 
     return {
         "spec": spec.name,
@@ -218,7 +218,7 @@ def meta(spec: Spec, opts) -> dict:
 
 def write_json(path: Path, obj) -> None:
     """Atomic (NaN as null): a kill while writing leaves the previous version, never half a file."""
-    from harness.artifacts import write_json_atomic
+    from harness.lifecycle.artifacts import write_json_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, obj)
@@ -247,7 +247,7 @@ def module(benchmark: str):
 def check(spec: Spec, opts, validate: bool = True) -> dict[str, list[str]]:
     """Compose (and with `validate`, resolve and validate) every config the spec's runs will use, before
     any of them starts; returns label -> overrides. A bad name or illegal combination is a SpecError."""
-    from harness.config.validate import ConfigError
+    from harness.validation.rules import ConfigError
 
     mod = module(spec.benchmark)
     plan = mod.plan(spec, opts)

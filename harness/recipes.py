@@ -98,8 +98,6 @@ class RecipeSpec:
     """With fp8_param the guide strongly recommends optimizer.reuse_grad_buf_for_mxfp8_param_ag."""
     full_master: bool = False
     """The TE optimizer must keep whole fp32 master weights (no bf16 + remainder split)."""
-    te_only: bool = False
-    """Only TE runs it as specified (FP8 attention: the emulated backend quantizes GEMMs only)."""
     megatron: MegatronFlags = field(default_factory=MegatronFlags)
     defaults: dict[str, Any] = field(default_factory=dict)
     """Fields that differ from RecipeConfig's defaults (conf/recipe/<name>.yaml says the same)."""
@@ -252,81 +250,6 @@ _SPECS = (
 )
 
 
-def _fp8_attention(base: RecipeSpec, summary: str, note: str | None = None, **defaults) -> RecipeSpec:
-    """`base` with TE's FP8 attention (recipe.fp8_dpa): a recipe of its own, as it changes numerics."""
-    megatron = dataclasses.replace(base.megatron, note=note) if note else base.megatron
-    return dataclasses.replace(
-        base,
-        name=f"{base.name}_fp8attn",
-        summary=summary,
-        te_only=True,
-        megatron=megatron,
-        defaults={**base.defaults, "fp8_dpa": True, **defaults},
-    )
-
-
-_BY_NAME = {s.name: s for s in _SPECS}
-_SPECS += (
-    _fp8_attention(
-        _BY_NAME["tensorwise"],
-        "tensorwise linears with TE FP8 attention (fp8_dpa; attention in delayed scaling, "
-        "which Hopper needs); on the 8B slice its loss left the BF16 band (benchmarks/RESULTS.md)",
-        note="# FP8 attention in delayed scaling through the NVTE_DPA_FP8_RECIPE* variables below "
-        "(TE has no fused current-scaling FP8 attention below compute capability 10.0)",
-        fp8_dpa_recipe="delayed",
-    ),
-    _fp8_attention(_BY_NAME["delayed"], "FP8 delayed scaling with TE FP8 attention (fp8_dpa)"),
-)
-
-
-def _te_variant(base: RecipeSpec, suffix: str, what: str, **fields) -> RecipeSpec:
-    """`base` with a TE-only option that changes numerics (`fields`): a recipe of its own, named
-    `base.name + suffix`, its summary extended by `what`."""
-    return dataclasses.replace(
-        base,
-        name=f"{base.name}{suffix}",
-        summary=f"{base.summary}; {what}",
-        te_only=True,
-        defaults={**base.defaults, **fields},
-    )
-
-
-def _current_scaling(base: RecipeSpec) -> RecipeSpec:
-    """The options TE takes from Float8CurrentScaling only (its per-GEMM MMParams, lowp's FP8-backward
-    head on current-scaling quantizers) are built on current-scaling recipes only."""
-    assert base.te_recipe_class == "Float8CurrentScaling", base.name
-    return base
-
-
-# the LM head in FP8 (recipe.fp8_lm_head): a te.Linear under the recipe
-_SPECS += tuple(
-    _te_variant(
-        s, "_fp8head", "the LM head's GEMMs in FP8 too (te.Linear under the recipe)", fp8_lm_head=True
-    )
-    for s in _SPECS
-    if s.name in ("tensorwise", "tensorwise_fp8attn")
-)
-# the LM head's dgrad and wgrad in FP8, its logits GEMM in BF16 (recipe.fp8_lm_head_fprop=false)
-_SPECS += (
-    _te_variant(
-        _current_scaling(_BY_NAME["tensorwise"]),
-        "_fp8headbwd",
-        "the LM head's dgrad and wgrad GEMMs in FP8 too (its logits in BF16)",
-        fp8_lm_head=True,
-        fp8_lm_head_fprop=False,
-    ),
-)
-# FP8 fast accumulation in dgrad and wgrad too (recipe.fp8_fast_accumulation=all)
-_SPECS += tuple(
-    _te_variant(
-        _current_scaling(s),
-        "_fastacc",
-        "FP8 fast accumulation in dgrad and wgrad too (no split accumulator)",
-        fp8_fast_accumulation="all",
-    )
-    for s in _SPECS
-    if s.name in ("tensorwise", "tensorwise_fp8attn", "tensorwise_fp8head", "tensorwise_fp8headbwd")
-)
 REGISTRY: dict[str, RecipeSpec] = {s.name: s for s in _SPECS}
 BASELINE = "bf16"
 """The unquantized recipe: what a module runs where the precision plan quantizes nothing."""
@@ -346,10 +269,6 @@ def get(name: str) -> RecipeSpec:
 
 def default_fields(name: str) -> RecipeConfig:
     return get(name).default_fields()
-
-
-def fp8_recipes() -> tuple[str, ...]:
-    return tuple(s.name for s in _SPECS if s.fp8_family)
 
 
 def quantizing(recipe: RecipeConfig | None) -> RecipeConfig | None:
@@ -372,3 +291,163 @@ def native_on(compute_capability: float) -> list[str]:
         and (s.min_cc is None or compute_capability >= s.min_cc)
         and (s.max_cc is None or compute_capability < s.max_cc)
     ]
+
+
+# --- recipe fields that name an arm: what the report, W&B and sweeps call a run whose fields differ -----
+# from its family's preset (analysis splits arms by these labels; style.md: families are names,
+# switches are fields). A field not listed here is shown as `name=value`.
+FIELD_LABELS: dict[str, dict[Any, str]] = {
+    "fp8_dpa": {True: "FP8 attention"},
+    "fp8_mha": {True: "FP8 attention I/O"},
+    "fp8_fast_accumulation": {"all": "fast accumulation"},
+    "disable_rht": {True: "no RHT", False: "RHT"},
+    "disable_stochastic_rounding": {True: "no stochastic rounding", False: "stochastic rounding"},
+    "disable_2d_quantization": {True: "1D weight blocks", False: "2D weight blocks"},
+    "power_2_scales": {True: "power-of-2 scales", False: "fp32 scales"},
+}
+_UNLABELLED = ("name", "quantizer_factory")
+
+
+def changed_fields(recipe: RecipeConfig) -> dict[str, Any]:
+    """The fields of `recipe` that differ from its family's preset, in the schema's order."""
+    preset = default_fields(recipe.name)
+    return {
+        f.name: getattr(recipe, f.name)
+        for f in dataclasses.fields(RecipeConfig)
+        if f.name not in _UNLABELLED and getattr(recipe, f.name) != getattr(preset, f.name)
+    }
+
+
+def field_label(name: str, value: Any) -> str:
+    """One field's readable label: FIELD_LABELS's words, else `name=value`."""
+    words = FIELD_LABELS.get(name, {})
+    if value in words and not isinstance(value, float):
+        return words[value]
+    shown = str(value).lower() if isinstance(value, bool) else value
+    return f"{name}={shown}"
+
+
+def label(recipe: RecipeConfig) -> str:
+    """The family, then ` + ` and each changed field's label: `tensorwise + fast accumulation`."""
+    return " + ".join([recipe.name, *(field_label(k, v) for k, v in changed_fields(recipe).items())])
+
+
+# --- names that were recipes before recipes became numerics families ----------------------------------
+
+
+@dataclass(frozen=True)
+class Legacy:
+    """A recipe name lowp no longer has: the family and fields it meant, and what to use instead."""
+
+    name: str
+    family: str
+    fields: dict[str, Any]
+    """Its fields that are still recipe fields (the family's preset otherwise)."""
+    removed: dict[str, Any] = field(default_factory=dict)
+    """Its settings of options that left lowp (config keys no longer in the schema)."""
+    label: str = ""
+    """How analysis and the report name its runs: the family plus a label per field."""
+    why: str = ""
+    """Why the removed part went (a RESULTS.md section); empty when nothing was removed."""
+
+    @property
+    def replacement(self) -> str:
+        """The overrides that run what is left of it today."""
+        return " ".join([f"recipe={self.family}", *(f"recipe.{k}={_cli(v)}" for k, v in self.fields.items())])
+
+
+def _cli(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+_ATTN = "FP8 attention (delayed-scaling attention)"
+_HEAD_WHY = "its FP8 LM head failed the loss check (benchmarks/RESULTS.md, 'Loss checks of the TE options')"
+_DPA_WHY = (
+    "its attention in delayed scaling went through TE's private globals and failed the loss check "
+    "(benchmarks/RESULTS.md, 'Loss checks of the TE options'); TE's current-scaling FP8 attention needs "
+    "compute capability >= 10.0"
+)
+_FAST = {"fp8_fast_accumulation": "all"}
+_DPA = {"fp8_dpa": True}
+_HEAD = {"fp8_lm_head": True}
+_HEADBWD = {"fp8_lm_head": True, "fp8_lm_head_fprop": False}
+_VIA_DELAYED = {"fp8_dpa_recipe": "delayed"}
+LEGACY: dict[str, Legacy] = {
+    x.name: x
+    for x in (
+        Legacy("delayed_fp8attn", "delayed", _DPA, label="delayed + FP8 attention"),
+        Legacy("tensorwise_fastacc", "tensorwise", _FAST, label="tensorwise + fast accumulation"),
+        Legacy("tensorwise_fp8attn", "tensorwise", _DPA, _VIA_DELAYED, f"tensorwise + {_ATTN}", _DPA_WHY),
+        Legacy(
+            "tensorwise_fp8attn_fastacc",
+            "tensorwise",
+            {**_DPA, **_FAST},
+            _VIA_DELAYED,
+            f"tensorwise + {_ATTN} + fast accumulation",
+            _DPA_WHY,
+        ),
+        Legacy("tensorwise_fp8head", "tensorwise", {}, _HEAD, "tensorwise + FP8 LM head", _HEAD_WHY),
+        Legacy(
+            "tensorwise_fp8attn_fp8head",
+            "tensorwise",
+            _DPA,
+            {**_HEAD, **_VIA_DELAYED},
+            f"tensorwise + {_ATTN} + FP8 LM head",
+            f"{_HEAD_WHY}; {_DPA_WHY}",
+        ),
+        Legacy(
+            "tensorwise_fp8head_fastacc",
+            "tensorwise",
+            _FAST,
+            _HEAD,
+            "tensorwise + FP8 LM head + fast accumulation",
+            _HEAD_WHY,
+        ),
+        Legacy(
+            "tensorwise_fp8headbwd",
+            "tensorwise",
+            {},
+            _HEADBWD,
+            "tensorwise + FP8 LM head backward",
+            _HEAD_WHY,
+        ),
+        Legacy(
+            "tensorwise_fp8headbwd_fastacc",
+            "tensorwise",
+            _FAST,
+            _HEADBWD,
+            "tensorwise + FP8 LM head backward + fast accumulation",
+            _HEAD_WHY,
+        ),
+    )
+}
+
+
+def legacy_message(name: str, where: str = "recipe") -> str:
+    """The one line that refuses a removed recipe name and names what to use instead."""
+    old = LEGACY[name]
+    lead = f"{where}={name} is no longer a recipe: recipes are numerics families and TE switches are fields"
+    if not old.removed:
+        return f"{lead}; use {old.replacement}"
+    gone = ", ".join(f"recipe.{k}" for k in old.removed)
+    return f"{lead}; {gone} left lowp ({old.why}); the nearest run is {old.replacement}"
+
+
+def legacy_in(overrides: list[str]) -> str | None:
+    """The refusal line for the first override that names a removed recipe (`recipe=`, `recipe.name=`,
+    a comma-separated sweep of them, a stability override's `recipe:`), else None."""
+    for ov in overrides:
+        key, sep, value = ov.lstrip("+~").partition("=")
+        if not sep:
+            continue
+        if key in ("recipe", "recipe.name"):
+            names = [v.strip() for v in value.split(",")]
+        elif key == "stability.overrides":
+            names = [v.strip(" '\"}]") for v in value.replace("recipe:", "\0").split("\0")[1:]]
+            names = [n.split(",")[0].strip(" '\"}]") for n in names]
+        else:
+            continue
+        for name in names:
+            if name in LEGACY:
+                return legacy_message(name)
+    return None

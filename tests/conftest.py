@@ -56,7 +56,7 @@ def _argv(args) -> str:
 
 @functools.cache
 def git_state_from_files() -> dict:
-    """What harness.artifacts.git_state records, read from the repository's files instead of by
+    """What harness.lifecycle.artifacts.git_state records, read from the repository's files instead of by
     running git: HEAD's commit (a worktree's .git file points at its git dir); dirtiness unknown."""
     git = REPO / ".git"
     try:
@@ -85,14 +85,14 @@ def pytest_runtest_protocol(item, nextitem):
     training) and `platform.processor()` runs `uname -p` once per interpreter: in the fast lane the
     commit is read from the repository's files and the processor is left blank (what platform says
     when it cannot tell; provenance then records platform.machine())."""
-    if item.get_closest_marker("slow") is not None:
-        return (yield)
+    if item.get_closest_marker("slow") is not None or item.get_closest_marker("gpu") is not None:
+        return (yield)  # GPU tests (skipped on a CPU) may compile kernels in worker processes
     attempts = item.stash.setdefault(_ATTEMPTS, [])
     with pytest.MonkeyPatch.context() as mp:
         for owner, name, describe in SPAWNERS:
             if hasattr(owner, name):
                 mp.setattr(owner, name, _refuse(item.nodeid, owner, name, describe, attempts))
-        mp.setattr("harness.artifacts.git_state", git_state_from_files)
+        mp.setattr("harness.lifecycle.artifacts.git_state", git_state_from_files)
         mp.setattr(platform, "processor", lambda: "")
         return (yield)
 

@@ -21,7 +21,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 def compose_cfg(*overrides: str):
     """The typed Config for these overrides (hardware=auto resolves to this machine)."""
-    from harness.config.store import compose
+    from harness.validation.load import compose
 
     return OmegaConf.to_object(compose(list(overrides)))
 

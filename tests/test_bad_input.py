@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness import checkpoint as C
 from harness import train as T
-from harness.runlock import RunLock
+from harness.lifecycle import checkpoint as C
+from harness.lifecycle.runlock import RunLock
 from tests.helpers import REPO, TINY, run_main
 from tests.test_data import random_docs, write_megatron
 

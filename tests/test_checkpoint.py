@@ -1,4 +1,5 @@
-"""The checkpoint format (harness.checkpoint): round trip, atomicity, retention, corruption, safety."""
+"""The checkpoint format (harness.lifecycle.checkpoint): round trip, atomicity, retention, corruption,
+safety."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import checkpoint as C
+from harness.lifecycle import checkpoint as C
 
 
 def tree():

@@ -7,7 +7,8 @@ from omegaconf import OmegaConf
 
 from harness import recipes
 from harness.config import schema
-from harness.config.store import CONF_DIR, GROUPS, compose, load_preset, presets
+from harness.config.store import CONF_DIR, GROUPS, load_preset, presets
+from harness.validation.load import compose
 from tests.helpers import REPO, compose_cfg
 
 HF_TINY = REPO / "tests" / "assets" / "hf" / "llama_tiny"
@@ -133,7 +134,7 @@ def test_slurm_launcher_preset_composes():
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from harness.config.store import register
+    from harness.validation.load import register
 
     register()
     GlobalHydra.instance().clear()

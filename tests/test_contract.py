@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from analysis import keys as A
-from harness import metrics as M
-from harness.artifacts import Summary
+from harness.lifecycle import metrics as M
+from harness.lifecycle.artifacts import Summary
 
 
 def test_metric_keys_agree():
@@ -21,7 +21,7 @@ def test_summary_fields_agree():
 
 
 def test_statuses_the_harness_writes_are_known_to_analysis():
-    from harness import artifacts
+    from harness.lifecycle import artifacts
 
     assert artifacts.STATUSES == (A.COMPLETED, A.DIVERGED, A.FAILED, A.PREEMPTED)
     assert A.INCOMPLETE not in artifacts.STATUSES  # analysis's own name, never written
@@ -55,3 +55,11 @@ def test_the_names_analysis_keeps_of_the_harness_agree():
     assert A.BASELINE_RECIPE == recipes.BASELINE and A.BASELINE_RECIPE in recipes.names()
     assert (A.NATIVE_BACKEND, A.EMULATED_BACKEND) == (TEBackend.name, EmulatedBackend.name)
     assert A.DEFAULT_VARIANT == f"{StabilityConfig().name}+{OptimizerConfig().name}"
+
+
+def test_legacy_recipe_names_map_to_the_same_family_and_label():
+    from harness import recipes
+
+    assert set(recipes.LEGACY) == set(A.LEGACY_RECIPES)
+    for name, (family, label) in A.LEGACY_RECIPES.items():
+        assert (recipes.LEGACY[name].family, recipes.LEGACY[name].label) == (family, label), name

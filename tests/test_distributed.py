@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.config import load
+from harness.validation import load
 from tests.helpers import REPO, free_port, run_cli, serve_cases
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def _case_run(overrides, run_dir):
 
 def _case_amax(overrides, run_dir):
     """One step; every rank's delayed-scaling state after it (forward and backward histories)."""
-    from harness import distributed as D
+    from harness.parallel import process as D
     from harness.train import Trainer
 
     cfg = load(BASE + overrides)

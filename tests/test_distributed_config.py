@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import distributed as D
-from harness.config.validate import ConfigError
+from harness.parallel import process as D
+from harness.validation.rules import ConfigError
 from tests.helpers import compose_cfg
 
 
@@ -49,7 +49,7 @@ def test_expand_nodelist():
 
 
 def _validate(monkeypatch, world: int, *overrides: str):
-    from harness.config import prepare
+    from harness.validation import prepare
 
     for k in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(k, raising=False)
@@ -109,7 +109,7 @@ def test_fp8_param_accepts_fsdp2_or_the_distributed_optimizer(monkeypatch):
 
 
 def test_megatron_export_prints_the_data_parallel_flags(monkeypatch):
-    from harness.megatron import render
+    from harness.interop.megatron import render
 
     cfg = _validate(
         monkeypatch,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.config import load
+from harness.validation import load
 from tests.helpers import GPU_TINY_MODEL, free_port, serve_cases
 
 pytestmark = [
@@ -74,7 +74,7 @@ def _run(overrides, run_dir):
 
 def _trainer(overrides, run_dir):
     """This rank's Trainer in the spawned process group."""
-    from harness import distributed as D
+    from harness.parallel import process as D
     from harness.train import Trainer
 
     cfg = load(BASE + overrides)

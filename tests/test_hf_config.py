@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from harness.config.validate import ConfigError
+from harness.validation.rules import ConfigError
 from tests.helpers import compose_cfg, run_main
 
 transformers = pytest.importorskip("transformers")
@@ -93,7 +93,8 @@ def test_unsupported_fields_are_refused_in_one_line(tmp_path, cls, kw, needle):
     if cls == "LlamaConfig" and "some_new_knob" in kw:  # save_pretrained keeps unknown kwargs
         assert "some_new_knob" in open(path + "/config.json").read()
     with pytest.raises(ConfigError) as err:
-        from harness.config.store import compose, to_config
+        from harness.config.store import to_config
+        from harness.validation.load import compose
 
         to_config(compose(["model=hf", f"model.hf_config={path}"]))
     msg = str(err.value)
@@ -119,8 +120,8 @@ def test_cli_exit_code_2_and_one_line(tmp_path, capsys):
 def test_llama31_rope_scaling_in_and_out(tmp_path):
     """rope_type llama3 (Llama 3.1) maps to model.rope_scaling and its four parameters, in either
     spelling (rope_scaling, rope_parameters); the export writes it back as transformers reads it."""
-    from harness.export import hf_config
-    from harness.hf.config import model_fields
+    from harness.interop.export import hf_config
+    from harness.interop.hf_config import model_fields
 
     scaling = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
     scaling |= dict(original_max_position_embeddings=8192)

@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
-from harness.export import export, fp8_dequantize, int4_dequantize, main, unpack_int4
-from harness.hf.weights import hf_to_lowp, load_into, read_safetensors
+from harness.interop.export import export, fp8_dequantize, int4_dequantize, main, unpack_int4
+from harness.interop.hf_weights import hf_to_lowp, load_into, read_safetensors
 from harness.numerics.blockwise import quantize_blockwise
 from harness.numerics.formats import E4M3
 from harness.numerics.int4 import fake_int4, quantize_int4
@@ -112,7 +112,7 @@ def test_bf16_export_loads_in_transformers_with_lowps_logits(trained):
     cfg, backend, lowp = lowp_model(d / "bf16", f"init_from={d / 'bf16'}")  # and back into lowp: exact
     load_into(lowp, hf_to_lowp(sd, cfg.model))
     again = {k: v.to(torch.bfloat16) for k, v in lowp.state_dict().items()}
-    from harness.hf.weights import lowp_to_hf
+    from harness.interop.hf_weights import lowp_to_hf
 
     assert all(torch.equal(lowp_to_hf(again, cfg.model)[k], sd[k]) for k in sd)
     assert direct.shape == (2, T, SHAPE["vocab_size"])

@@ -40,7 +40,7 @@ def forward(backend, model, idx):
 @needs_te
 @pytest.mark.parametrize("preset", ["llama3_tiny", "qwen3_tiny", "qwen2_tiny", "llama31_tiny"])
 def test_te_computes_the_emulated_models_function(preset):
-    from harness.hf.weights import fuse_qkv, load_into, split_qkv
+    from harness.interop.hf_weights import fuse_qkv, load_into, split_qkv
 
     cfg, emu_b, emu = built(preset, "emulated")
     with torch.no_grad():  # bf16-valued weights, so both models hold them exactly

@@ -18,7 +18,14 @@ import pytest
 import torch
 
 from harness.backends import build_backend
-from harness.hf.weights import fuse_qkv, hf_to_lowp, load_into, lowp_to_hf, read_safetensors, split_qkv
+from harness.interop.hf_weights import (
+    fuse_qkv,
+    hf_to_lowp,
+    load_into,
+    lowp_to_hf,
+    read_safetensors,
+    split_qkv,
+)
 from harness.train import backend_spec
 from tests.helpers import compose_cfg
 
@@ -123,8 +130,8 @@ def test_sharded_checkpoint(tmp_path):
 
 
 def test_init_from_trains_and_mismatches_are_one_line(tmp_path):
-    from harness.config.validate import ConfigError
     from harness.train import run
+    from harness.validation.rules import ConfigError
 
     save_hf(tmp_path / "q3", "qwen3")
     base = ["model=hf", f"model.hf_config={tmp_path / 'q3'}", f"init_from={tmp_path / 'q3'}", "logger=none"]
@@ -166,7 +173,7 @@ def test_llama31_rope_scaling_is_transformers_and_matters(tmp_path):
     save_hf(path, "llama31")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from harness.model import rope_inv_freq
+    from harness.model.gpt import rope_inv_freq
 
     cfg, backend, model = lowp_model(path)
     m = cfg.model

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from harness.backends import build_backend
-from harness.config import prepare
-from harness.config.validate import ConfigError
-from harness.megatron import megatron_args
-from harness.model import count_params
+from harness.interop.megatron import megatron_args
+from harness.model.gpt import count_params
 from harness.train import backend_spec
+from harness.validation import prepare
+from harness.validation.rules import ConfigError
 from tests.helpers import compose_cfg
 
 PRESETS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.loss import chunked_linear_cross_entropy, loss_fn
+from harness.model.loss import chunked_linear_cross_entropy, loss_fn
 
 BF16 = torch.bfloat16
 

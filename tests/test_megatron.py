@@ -7,7 +7,8 @@ import shlex
 
 import pytest
 
-from harness.megatron import MEGATRON_DEFAULTS, RUN_FLAGS, SHAPE_FLAGS, main, megatron_args, render
+from harness.interop.megatron import MEGATRON_DEFAULTS, RUN_FLAGS, SHAPE_FLAGS, megatron_args, render
+from harness.megatron import main
 from tests.helpers import compose_cfg, run_cli
 
 # The guide's Configuration Cookbook (Megatron Core Low-Precision Training Guide), verbatim.
@@ -113,16 +114,24 @@ def test_what_megatron_cannot_express_is_a_comment():
     assert "NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1" in text
 
 
-def test_cli_prints_flags_and_refuses_illegal_configs():
+def test_cli_prints_flags_and_refuses_illegal_configs(capsys):
+    assert main(["experiment=hopper_fp8"]) == 0
+    assert "--fp8-recipe tensorwise" in capsys.readouterr().out
+    assert main(["experiment=fp8_cpu_offload", "recipe=tensorwise"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: optimizer.optimizer_cpu_offload")
+
+
+@pytest.mark.slow
+def test_the_command_line_is_the_same_main():
     res = run_cli(["-m", "harness.megatron", "experiment=hopper_fp8"])
     assert res.returncode == 0 and "--fp8-recipe tensorwise" in res.stdout
     res = run_cli(["-m", "harness.megatron", "experiment=fp8_cpu_offload", "recipe=tensorwise"])
     assert res.returncode == 2 and res.stderr.strip().startswith("error: optimizer.optimizer_cpu_offload")
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise_fastacc", "tensorwise_fp8head_fastacc"])
-def test_fast_accumulation_is_a_note_megatron_cannot_follow(recipe):
-    argv, notes = megatron_args(compose_cfg("model=gpt_tiny", "backend=te", f"recipe={recipe}"))
+def test_fast_accumulation_is_a_note_megatron_cannot_follow():
+    fast = ("recipe=tensorwise", "recipe.fp8_fast_accumulation=all")
+    argv, notes = megatron_args(compose_cfg("model=gpt_tiny", "backend=te", *fast))
     assert pairs(argv)["--fp8-recipe"] == "tensorwise" and not any("fast" in a or "split" in a for a in argv)
     (note,) = [n for n in notes if "fp8_fast_accumulation" in n]
     assert note.startswith("# recipe.fp8_fast_accumulation=all has no Megatron equivalent")
@@ -219,15 +228,6 @@ def test_custom_factory_is_a_dotted_path_megatron_resolves():
     [
         (["optimizer=bf16_params"], "optimizer.master_weights=false"),
         (["optimizer=bf16_params", "optimizer.step_in_backward=true"], "optimizer.step_in_backward=true"),
-        (
-            [
-                "optimizer=bf16_params",
-                "recipe=tensorwise",
-                "optimizer.step_in_backward=true",
-                "optimizer.quantize_weights_in_backward=true",
-            ],
-            "optimizer.quantize_weights_in_backward=true",
-        ),
         (["recipe=blockwise", "recipe.x_block_dim=2", "recipe.w_block_dim=1"], "recipe.x_block_dim=2"),
         (["recipe=blockwise", "recipe.x_block_dim=2", "recipe.w_block_dim=1"], "recipe.w_block_dim=1"),
         (["recipe=tensorwise", "recipe.amax_epsilon=1e-12"], "recipe.amax_epsilon=1e-12"),
@@ -330,8 +330,8 @@ def te_rule_violations(cfg) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sweep():
-    from harness.config.reference_sweep import cases, verdict
-    from harness.megatron import provider_fields
+    from harness.interop.megatron import provider_fields
+    from harness.validation.reference_sweep import cases, verdict
 
     out = []
     for label, cfg in cases():
@@ -351,8 +351,8 @@ def test_sweep_accepts_nothing_the_rule_table_refuses(sweep):
 
 @pytest.mark.slow
 def test_sweep_covers_every_preset_rule_and_outcome(sweep):
-    from harness.config.reference_rules import RULES
-    from harness.config.reference_sweep import presets
+    from harness.validation.megatron_rules import RULES
+    from harness.validation.reference_sweep import presets
 
     assert len(sweep) > 1500
     for preset in presets():
@@ -363,11 +363,15 @@ def test_sweep_covers_every_preset_rule_and_outcome(sweep):
     assert any(v for _, _, refused, v in sweep if refused)  # the table itself refuses something
 
 
-def test_megatron_lm_benchmark_help_and_log_parsing():
+@pytest.mark.slow
+def test_megatron_lm_benchmark_help():
     res = run_cli(["-m", "benchmarks.megatron_lm", "--help"])
     assert res.returncode == 0 and "check" in res.stdout and "pretrain" in res.stdout
     res = run_cli(["-m", "benchmarks.megatron_lm", "check", "--megatron", "/nonexistent", "--out", "/tmp/x"])
     assert res.returncode == 2 and "no megatron/training/arguments.py" in res.stderr
+
+
+def test_megatron_lm_log_parsing():
     from benchmarks.megatron_lm import megatron_step_ms
 
     line = (
@@ -389,25 +393,19 @@ def test_cross_entropy_loss_fusion_is_megatrons_flag_with_its_native_kernel():
     assert "--cross-entropy-loss-fusion" not in megatron_args(compose_cfg("model=gpt_tiny"))[0]
 
 
-@pytest.mark.parametrize(
-    ("recipe", "env"),
-    [
-        ("tensorwise_fp8attn", {"NVTE_DPA_FP8_RECIPE": "DelayedScaling", "NVTE_DPA_FP8_RECIPE_DPA": "1"}),
-        ("delayed_fp8attn", {}),  # attention follows the delayed recipe itself: no switch
-    ],
-)
-def test_fp8_attention_is_a_provider_field_and_the_dpa_switch(recipe, env):
-    from harness.megatron import nvte_env, provider_fields
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_fp8_attention_is_a_provider_field(recipe):
+    from harness.interop.megatron import nvte_env, provider_fields
 
-    cfg = compose_cfg("model=gpt_tiny", "backend=te", f"recipe={recipe}")
+    cfg = compose_cfg("model=gpt_tiny", "backend=te", f"recipe={recipe}", "recipe.fp8_dpa=true")
     argv, notes = megatron_args(cfg)
     # Megatron d98e8a6 keeps fp8_dot_product_attention out of its argparse: no flag to print
     assert not any("dot-product-attention" in a or "multi-head-attention" in a for a in argv)
     assert provider_fields(cfg) == {"fp8_dot_product_attention": True}
-    assert {k: v for k, v in nvte_env(cfg).items() if k in env} == env
-    if not env:
-        assert not any(k.startswith("NVTE_DPA_") for k in nvte_env(cfg))
+    assert not any(k.startswith("NVTE_DPA_") for k in nvte_env(cfg))
     assert any("fp8_dot_product_attention=True" in n for n in notes)
     assert not any("recipe.fp8_dpa=True has no Megatron flag" in n for n in notes)
-    cfg = compose_cfg("model=gpt_tiny", "backend=te", "recipe=delayed_fp8attn", "recipe.fp8_mha=true")
+    cfg = compose_cfg(
+        "model=gpt_tiny", "backend=te", "recipe=delayed", "recipe.fp8_dpa=true", "recipe.fp8_mha=true"
+    )
     assert provider_fields(cfg) == {"fp8_dot_product_attention": True, "fp8_multi_head_attention": True}

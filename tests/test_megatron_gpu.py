@@ -14,8 +14,8 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def accepted_recipes():
     pytest.importorskip("transformer_engine")
-    from harness.config.reference_sweep import cases
-    from harness.config.validate import ConfigError, validate
+    from harness.validation.reference_sweep import cases
+    from harness.validation.rules import ConfigError, validate
 
     seen = {}
     for label, cfg in cases():

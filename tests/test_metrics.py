@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.metrics import StepTimer
+from harness.lifecycle.metrics import StepTimer
 
 
 def test_median_leaves_out_warmup_and_steps_after_a_sync():
@@ -17,7 +17,7 @@ def test_median_leaves_out_warmup_and_steps_after_a_sync():
 
 
 def test_trainer_marks_steps_after_logging_as_cold(tmp_path, monkeypatch):
-    from harness import metrics
+    from harness.lifecycle import metrics
     from harness.train import run
     from tests.helpers import compose_cfg
 
@@ -34,13 +34,14 @@ def test_trainer_marks_steps_after_logging_as_cold(tmp_path, monkeypatch):
 def test_grad_norm_is_computed_only_when_clipping_or_logging(tmp_path, monkeypatch):
     import json
 
-    from harness import optim, train
+    from harness import optim
     from harness.train import run
+    from harness.training import trainer
     from tests.helpers import compose_cfg
 
     steps = []
     orig = optim.clip_grad
-    monkeypatch.setattr(train, "clip_grad", lambda o, m: (steps.append(m), orig(o, m))[1])
+    monkeypatch.setattr(trainer, "clip_grad", lambda o, m: (steps.append(m), orig(o, m))[1])
     cfg = compose_cfg("model=gpt_tiny", "logger=none", "steps=6", "log_interval=3", "optimizer.clip_grad=0")
     assert run(cfg, tmp_path).status == "completed"
     assert len(steps) == 3  # steps 1, 3 and 6 log; no clipping asked

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness.backends import build_backend
-from harness.model import count_params, flops_per_token
+from harness.model.gpt import count_params, flops_per_token
 from harness.train import backend_spec
 from tests.helpers import compose_cfg
 
@@ -51,7 +51,7 @@ def test_forward_shapes_and_causality():
 @pytest.mark.parametrize("y_dtype", [torch.bfloat16, torch.float32])
 def test_fused_residual_add_has_the_unfused_values_and_gradients(y_dtype):
     """The CUDA path's autograd Function (run eagerly here) against bf16_values(x + y) and autograd."""
-    from harness.model import _BF16Residual, bf16_values
+    from harness.model.gpt import _BF16Residual, bf16_values
 
     g = torch.Generator().manual_seed(0)
     x0 = bf16_values(torch.randn(64, 96, generator=g) * 3)

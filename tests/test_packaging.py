@@ -87,7 +87,7 @@ def test_wheel_ships_conf_sweeps_and_the_launcher_plugin(installed):
     out = sh(
         installed["py"],
         "-c",
-        "import harness, harness.paths as p; print(harness.__file__, p.CONF_DIR)",
+        "import harness, harness.config.paths as p; print(harness.__file__, p.CONF_DIR)",
         cwd=installed["tmp"],
         env=installed["env"],
     ).stdout

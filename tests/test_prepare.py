@@ -122,8 +122,8 @@ def test_text_document_modes(corpus, tmp_path):
 
 
 def test_training_runs_on_the_prepared_data_and_checks_the_vocabulary(corpus, tmp_path):
-    from harness.config.validate import ConfigError
     from harness.train import run
+    from harness.validation.rules import ConfigError
 
     d, tok, _ = corpus
     prepare(str(tok), [str(d / "docs.jsonl")], str(tmp_path / "ds"), append_eod=True)

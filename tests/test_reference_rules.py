@@ -1,4 +1,4 @@
-"""The Megatron-LM / TE rules lowp mirrors (harness/config/reference_rules.py): one test per rule,
+"""The Megatron-LM / TE rules lowp mirrors (harness/validation/megatron_rules.py): one test per rule,
 the messages the issue names, the shipped presets, and the rule table in docs/validation_rules.md."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.reference_rules import RULES
-from harness.config.reference_sweep import EXAMPLE_FACTORY
 from harness.config.store import presets
-from harness.config.validate import ConfigError, validate
+from harness.validation.megatron_rules import RULES
+from harness.validation.reference_sweep import EXAMPLE_FACTORY
+from harness.validation.rules import ConfigError, validate
 from tests.helpers import compose_cfg
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "validation_rules.md"

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import checkpoint as C
-from harness import metrics as M
 from harness import train as T  # imported here once: every forked attempt inherits it
-from harness.signals import StopRequest
+from harness.lifecycle import checkpoint as C
+from harness.lifecycle import metrics as M
+from harness.lifecycle.signals import StopRequest
 from tests.helpers import compose_cfg, tiny_cpu_run
 
 pytestmark = pytest.mark.slow  # forked children killed by real signals (the fast lane starts none)

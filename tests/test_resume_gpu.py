@@ -55,7 +55,7 @@ def flat(state: dict, prefix: str = "") -> dict:
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
 def test_te_resume_after_sigterm_keeps_scaling_state_and_curve(recipe, tmp_path, monkeypatch):
     from harness import train as T
-    from harness.signals import StopRequest
+    from harness.lifecycle.signals import StopRequest
 
     ref = tmp_path / "ref"
     assert T.run(compose_cfg(*RUN, f"recipe={recipe}"), ref).status == "completed"

@@ -8,11 +8,11 @@ import signal
 
 import pytest
 
-from harness import resume as R
 from harness.config.schema import DivergenceConfig
-from harness.divergence import DivergenceMonitor
-from harness.runlock import RunDirLocked, RunLock
-from harness.signals import StopRequest, exit_after_preemption
+from harness.lifecycle import resume as R
+from harness.lifecycle.divergence import DivergenceMonitor
+from harness.lifecycle.runlock import RunDirLocked, RunLock
+from harness.lifecycle.signals import StopRequest, exit_after_preemption
 
 
 def test_lock_refuses_a_live_holder_and_frees_on_release(tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness import metrics as M
+from harness.lifecycle import metrics as M
 from tests.helpers import REPO
 from tests.slurm.cluster import Cluster, allowed_to_install, ensure_installed, missing_binaries
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import sweep as S
-from harness.sweep_spec import SweepError, build_jobs, key_of, known_sweeps, load_spec
+from harness.multirun import launch as S
+from harness.multirun.spec import SweepError, build_jobs, key_of, known_sweeps, load_spec
 from tests.helpers import run_cli
 
 SHARED = ("model", "data", "steps", "global_batch_size", "eval_tokens", "hardware")
@@ -95,7 +95,7 @@ def test_an_invalid_job_stops_the_sweep_before_anything_runs(capsys, tmp_path):
 
 def test_resume_takes_only_launcher_overrides(capsys, tmp_path):
     jobs, _ = build_jobs("tiny_matrix", [])
-    from harness.sweep_spec import write_jobs
+    from harness.multirun.spec import write_jobs
 
     write_jobs(tmp_path / "jobs.yaml", "tiny_matrix", "2026-01-01_00-00-00", jobs)
     assert S.main(["tiny_matrix", "--resume", str(tmp_path), "steps=3"]) == 2
@@ -119,7 +119,13 @@ def test_a_failed_job_never_stops_the_sweep_and_counts_in_the_exit_code(tmp_path
     sweep_dir = tmp_path / "sweep"
     # two at a time (local_parallel); the resume below goes through the default serial launcher
     res = run_cli(
-        ["-m", "harness.sweep", str(own), f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=local_parallel"]
+        [
+            "-m",
+            "harness.sweep",
+            str(own),
+            f"hydra.sweep.dir={sweep_dir}",
+            "hydra/launcher=local_parallel",
+        ]
     )
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]
     ok = json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())

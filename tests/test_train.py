@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from analysis import keys as A
-from harness import metrics as M
+from harness.lifecycle import metrics as M
 from harness.train import run
 from tests.helpers import TINY, compose_cfg, run_cli
 
@@ -79,7 +79,7 @@ def test_run_dir_contract(tiny_run):
     evals = [r for r in rows if M.LOSS_EVAL in r]
     assert [r["step"] for r in evals] == [6, 12]
     assert math.isclose(evals[-1][M.LOSS_EVAL], s["final_eval_loss"])
-    from harness import checkpoint
+    from harness.lifecycle import checkpoint
 
     path, step, state = checkpoint.load_latest(d)
     assert path.name == "step_00000012" and step == 12
@@ -106,8 +106,8 @@ def test_loss_decreases_on_markov(tmp_path):
 
 def test_gradient_accumulation_matches_big_batch(tmp_path):
     """4 micro-batches of 1 give the gradient of 1 micro-batch of 4 (same sequences)."""
-    from harness.config import load
     from harness.train import Trainer
+    from harness.validation import load
 
     base = [*TINY, "steps=1"]
     big = Trainer(load([*base, "micro_batch_size=4", "global_batch_size=4"]), tmp_path)
@@ -233,7 +233,7 @@ def test_trainer_tells_the_backend_each_microbatch(tmp_path, monkeypatch):
     )
     assert run(cfg, tmp_path).status == "completed"
     assert calls == [(0, 3), (1, 3), (2, 3), (None, 3)] * 2
-    te = SimpleNamespace(weight_cache=None)  # no optimizer.quantize_weights_in_backward
+    te = SimpleNamespace()
     flags = []
     for i, n in [(0, 3), (1, 3), (2, 3), (None, 3), (0, 1), (None, 1)]:
         TEBackend.microbatch(te, i, n)

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from harness.config.validate import ConfigError, ConfigWarning, validate
+from harness.validation.rules import ConfigError, ConfigWarning, validate
 from tests.helpers import compose_cfg, run_cli
 
 
@@ -187,6 +187,7 @@ def test_int4_qat_on_te_needs_master_weights():
     validate(compose_cfg("recipe=int4_qat", "backend=te", "hardware=h100"))
 
 
+@pytest.mark.slow
 def test_cli_error_is_one_line_exit_2_and_writes_nothing(tmp_path):
     out = tmp_path / "run"
     res = run_cli(
@@ -198,6 +199,7 @@ def test_cli_error_is_one_line_exit_2_and_writes_nothing(tmp_path):
     assert not (out / "run.json").exists()
 
 
+@pytest.mark.slow
 def test_multirun_validates_every_job_before_the_first(tmp_path):
     res = run_cli(
         [

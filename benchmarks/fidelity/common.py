@@ -60,7 +60,7 @@ def load_weights(tr, weights: dict) -> None:
 
 def curve(setup: Setup, overrides: list[str], steps: int, weights: dict | None = None) -> dict:
     """Train `steps` steps as Trainer.fit does (logged train loss, eval loss), from `weights`."""
-    from harness import metrics as M
+    from harness.lifecycle import metrics as M
 
     tr = setup.trainer(*overrides, f"steps={steps}")
     if weights is not None:

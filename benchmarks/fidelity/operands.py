@@ -22,7 +22,7 @@ FIELDS = ("data_row", "data_col", "sinv_row", "sinv_col")  # the quantizer bench
 def check_mapping(setup: Setup) -> dict:
     """BF16 logits of both models on one batch (close, not bitwise), norms perturbed off (1, 0), and a
     control with a non-interleaved QKV (far off)."""
-    from harness.loss import loss_fn
+    from harness.model.loss import loss_fn
 
     em, sd = emulated_start(setup, "bf16", perturb_norms=True)
     te = setup.trainer("recipe=bf16", "backend=te")
@@ -154,7 +154,7 @@ def te_layernorm(mod, h: torch.Tensor) -> torch.Tensor:
 
 def layernorms(em, te, x) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Block 0's LN output in TE and in the emulated GPT from the same bf16 block input."""
-    from harness.model import bf16_values
+    from harness.model.gpt import bf16_values
 
     mod = te.model.blocks[0].layer.self_attention.layernorm_qkv
     with torch.no_grad():

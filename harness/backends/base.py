@@ -16,7 +16,7 @@ import torch.nn as nn
 from harness import recipes
 from harness.backends.hooks import make_hook
 from harness.config.schema import BackendConfig, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
-from harness.precision import PrecisionPlan
+from harness.model.plan import PrecisionPlan
 
 
 def uses_main_grads(o: OptimizerConfig) -> bool:
@@ -39,8 +39,6 @@ class BackendSpec:
     seed: int = 0
     options: BackendConfig = field(default_factory=BackendConfig)
     """The backend group's execution options (backend.packed_qkv_grad, ...)."""
-    micro_batch_size: int = 1
-    """Sequences per forward (the shape CUDA graphs are captured for)."""
 
     @property
     def plan(self) -> PrecisionPlan:
@@ -56,6 +54,8 @@ class Backend(ABC):
     """One per run. `autocast()` is the only precision context the training loop uses."""
 
     name: str
+    emulates = False
+    """The recipe's numerics are emulated in PyTorch: its speed is not the recipe's speed."""
     data_parallel_size = 1
     """Ranks of the run's data-parallel group (set by the trainer)."""
     amax_group = None

@@ -54,3 +54,10 @@ def resolve_backend_name(backend: str, recipe: str) -> str:
         return backend
     ok, _ = te_recipe_available(recipe)
     return "te" if ok else "emulated"
+
+
+def runs_on_te(backend: str, recipe: str, hardware: str) -> bool:
+    """backend=te, or auto on a GPU preset where it would resolve to te (validation's question)."""
+    if backend == "auto" and hardware != "cpu":
+        return resolve_backend_name(backend, recipe) == "te"
+    return backend == "te"

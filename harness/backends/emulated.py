@@ -2,7 +2,7 @@
 
 BF16 semantics without torch.autocast: GEMM operands are rounded to bf16, products accumulate in
 fp32 and the output is rounded to bf16 -- what a bf16 tensor-core GEMM does; embeddings, the
-residual stream and norm parameters hold bf16 values (harness.model.bf16_values), as in TE. On a
+residual stream and norm parameters hold bf16 values (harness.model.gpt.bf16_values), as in TE. On a
 CPU without bf16 units the GEMM itself runs in fp32 (about 7x faster there than torch's bf16
 matmul, same numbers up to accumulation order); on CUDA it is a native bf16 GEMM.
 
@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
 from harness.backends.hooks import make_hook
-from harness.model import GPT, Block, LayerNorm, bf16_values, norm
+from harness.config.schema import ModelConfig
+from harness.model.gpt import GPT, Block, LayerNorm, bf16_values, norm
 from harness.numerics import NumericsContext, QuantizedLinear, fast
 from harness.numerics.formats import E4M3, cast_fp8
 from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm, te_rsigma
@@ -239,7 +240,7 @@ class EmulatedOps:
     def activation(self, name: str, kind: str) -> nn.Module:
         return Activation(name, kind, self.backend.spec.optimizer.activation_func_fp8_input_store)
 
-    def norm(self, name: str, cfg) -> nn.Module:
+    def norm(self, name: str, cfg: ModelConfig) -> nn.Module:
         module = norm(cfg, TEOrderLayerNorm)
         if isinstance(module, TEOrderLayerNorm):
             module.fused = self.backend.fast_paths
@@ -252,6 +253,7 @@ class EmulatedBackend(Backend):
     everywhere. Codes and scales are the same in all three (harness.numerics.fast)."""
 
     name = "emulated"
+    emulates = True
     fast_paths: bool | None = None
 
     def __init__(self, spec: BackendSpec, device: torch.device):
@@ -266,7 +268,7 @@ class EmulatedBackend(Backend):
 
     def wgrad_fp32(self, name: str) -> bool:
         """TE's block linears (not the LM head, a plain BF16 nn.Linear there) write fp32 weight
-        grads when Megatron's fp32 main grads are on; INT4 QAT never fuses them (numerics.md)."""
+        grads when Megatron's fp32 main grads are on; INT4 QAT never fuses them (docs/numerics.md)."""
         return (
             name.startswith("blocks.")
             and self.spec.fuse_wgrad_fp32

@@ -21,7 +21,7 @@ class Int4FakeQuant:
     """
 
     fuses_wgrad = False
-    """The emulated block linears keep a bf16 weight gradient under it (numerics.md section 9)."""
+    """The emulated block linears keep a bf16 weight gradient under it (docs/numerics.md section 9)."""
 
     def __init__(self, recipe: RecipeConfig):
         self.group_size = recipe.int4_group_size

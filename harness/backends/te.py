@@ -1,13 +1,12 @@
 """The native backend: Transformer Engine modules under one `te.autocast` (the only call site).
 
 Blocks are fused `te.TransformerLayer`s (LayerNormLinear QKV, fused attention, LayerNormMLP); the
-embeddings, final norm and LM head are plain PyTorch in BF16 (the LM head is quantized only by the
-*_fp8head recipes, recipe.fp8_lm_head: then it is a te.Linear under the same autocast; the
-*_fp8headbwd recipes keep its logits BF16 and run its backward GEMMs in FP8, te_lm_head.py). The TE
-recipe object is built from config with every field set explicitly; the `NVTE_*` variables TE reads
-at import are set from config before TE is imported (validation already refused a conflicting
-environment). First/last-N BF16 blocks run inside a nested `te.autocast(enabled=False)`, as
-Megatron does; a block whose stability override names another recipe gets a nested autocast of it.
+embeddings, final norm and LM head are plain PyTorch in BF16, as Megatron's output layer (never
+TE, so never quantized). The TE recipe object is built from config with every field set explicitly;
+the `NVTE_*` variables TE reads at import are set from config before TE is imported (validation
+already refused a conflicting environment). First/last-N BF16 blocks run inside a nested
+`te.autocast(enabled=False)`, as Megatron does; a block whose stability override names another
+recipe (or other fields) gets a nested autocast of it.
 """
 
 from __future__ import annotations
@@ -19,11 +18,11 @@ import torch.nn as nn
 
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
-from harness.backends.te_attention import apply_dpa_globals, install_packed_qkv_grad
 from harness.backends.te_env import set_nvte_env
+from harness.backends.te_qkv import install_packed_qkv_grad
 from harness.backends.te_recipe import build_te_recipe
 from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
-from harness.model import GPT, head_dims, norm, rope_inv_freq
+from harness.model.gpt import GPT, head_dims, norm, rope_inv_freq
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 # te.TransformerLayer's GEMM weights (fuse_qkv_params=True), the ones INT4 QAT fake-quantizes
@@ -73,19 +72,13 @@ class TEBlock(nn.Module):
             self.layer.self_attention.layernorm_qkv = qkv_with_bias(te, m, fuse_wgrad, std)
         self.context = context
         self.first_microbatch = first_microbatch  # TE's is_first_microbatch for this forward
-        self.graphed_shape: tuple[int, ...] | None = None  # set once its CUDA graphs are captured
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
         kw = {"rotary_pos_emb": rope, "is_first_microbatch": self.first_microbatch()}
-        layer = self.layer
-        if self.graphed_shape is not None and (
-            tuple(x.shape) != self.graphed_shape or not torch.is_grad_enabled()
-        ):
-            layer = lambda x, **kw: type(self.layer).forward(self.layer, x, **kw)  # noqa: E731 - eager
         if self.context is None:
-            return layer(x, **kw)
+            return self.layer(x, **kw)
         with self.context():
-            return layer(x, **kw)
+            return self.layer(x, **kw)
 
 
 def qkv_with_bias(te, m: ModelConfig, fuse_wgrad: bool, std: float) -> nn.Module:
@@ -110,33 +103,11 @@ def qkv_with_bias(te, m: ModelConfig, fuse_wgrad: bool, std: float) -> nn.Module
 
 
 class TEOps:
-    """Only the LM head is built through ops: plain BF16 nn.Linear (never quantized), or with
-    recipe.fp8_lm_head a te.Linear that the step's autocast quantizes like the blocks' linears, or
-    with recipe.fp8_lm_head_fprop=false a BF16 head whose backward GEMMs run in FP8 (te_lm_head.py)."""
-
-    def __init__(self, recipe: RecipeConfig, fuse_wgrad: bool = False, std: float = 0.02):
-        self.recipe, self.fuse_wgrad, self.std = recipe, fuse_wgrad, std
+    """Only the LM head and the final norm are built through ops: a plain BF16 nn.Linear head."""
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
         assert name == "lm_head", name
-        if not self.recipe.fp8_lm_head:
-            return nn.Linear(in_features, out_features, bias=bias)
-        if not self.recipe.fp8_lm_head_fprop:
-            from harness.backends.te_lm_head import FP8BackwardHead
-
-            assert not bias, "the GPT LM head has no bias"
-            return FP8BackwardHead(in_features, out_features, self.recipe)
-        import transformer_engine.pytorch as te
-
-        return te.Linear(
-            in_features,
-            out_features,
-            bias=bias,
-            params_dtype=torch.bfloat16,
-            device="cuda",
-            init_method=lambda w: nn.init.normal_(w, 0.0, self.std),
-            fuse_wgrad_accumulation=self.fuse_wgrad,  # into main_grad, as the blocks' weights
-        )
+        return nn.Linear(in_features, out_features, bias=bias)
 
     def activation(self, name: str, kind: str) -> nn.Module:
         raise AssertionError("TE blocks own their activation")
@@ -168,35 +139,29 @@ class TEBackend(Backend):
         import transformer_engine.pytorch as te
 
         self.te, self.te_version = te, transformer_engine.__version__
-        apply_dpa_globals(self.nvte_env)  # TE read NVTE_DPA_* at import, maybe for an earlier job
         self.recipe = build_te_recipe(spec.recipe, spec.stability)
         self._seen: dict[str, tuple[bool, str | None]] = {}
         self.first_microbatch: bool | None = None
-        self.weight_cache = None  # optimizer.quantize_weights_in_backward (te_weight_cache.py)
 
     def microbatch(self, index: int | None, count: int) -> None:
         """With gradient accumulation, TE quantizes (and transposes) the weights on the first
         micro-batch and reuses them on the others (is_first_microbatch): the weights do not change
-        inside the window. None (TE quantizes every forward) without accumulation, and for eval.
-        With the weight cache, a step's one forward reuses the copies its backward hooks recast."""
-        if self.weight_cache is not None and index == 0 and count == 1:
-            self.first_microbatch = not self.weight_cache.begin_step()
-            return
+        inside the window. None (TE quantizes every forward) without accumulation, and for eval."""
         self.first_microbatch = None if index is None or count == 1 else index == 0
 
     def _block_context(self, index: int):
         """None to inherit the run's autocast; else a nested autocast for this block's own recipe."""
-        names = {self._name_of(self.plan.recipe_for(f"blocks.{index}.{lin}")) for lin in LINEARS}
-        if len(names) > 1:
+        planned = [recipes.quantizing(self.plan.recipe_for(f"blocks.{index}.{lin}")) for lin in LINEARS]
+        if any(r != planned[0] for r in planned):
+            labels = sorted({recipes.label(r) if r else recipes.BASELINE for r in planned})
             raise ValueError(
-                f"stability.overrides split block {index} between recipes {sorted(names)}: "
+                f"stability.overrides split block {index} between recipes {labels}: "
                 "backend=te applies a recipe per block; make the pattern cover whole blocks "
                 "(e.g. 'blocks.0.*') or use backend=emulated"
             )
-        (name,) = names
-        if name == self._name_of(self.spec.recipe if self.recipe is not None else None):
+        own = planned[0]
+        if own == recipes.quantizing(self.spec.recipe):
             return None
-        own = recipes.quantizing(self.plan.recipe_for(f"blocks.{index}.attn.qkv"))
         if own is None:
             return lambda: self.te.autocast(enabled=False)
         nested = build_te_recipe(own, self.spec.stability)
@@ -220,7 +185,7 @@ class TEBackend(Backend):
         if spec.options.packed_qkv_grad:
             for block in blocks:
                 install_packed_qkv_grad(block.layer)
-        ops = TEOps(spec.recipe, spec.fuse_wgrad_fp32, m.init_method_std)
+        ops = TEOps()
         model = TEGPT(m, ops, blocks=blocks)
         model.rope_emb = None
         if m.position_embedding == "rope":
@@ -267,18 +232,6 @@ class TEBackend(Backend):
     def prepare(self, model: nn.Module, optimizer) -> None:
         if self.hook is not None:
             self.hook.prepare(self._hooked_weights(model), optimizer)
-        if self.spec.optimizer.quantize_weights_in_backward:  # validated: step in backward, current scaling
-            from harness.backends.te_weight_cache import WeightCache
-
-            self.weight_cache = WeightCache(self.te, model)
-            optimizer.in_backward.after_update = self.weight_cache.refresh
-        if self.spec.options.cuda_graphs:  # after the optimizer: its main grads are captured
-            from harness.backends.te_graphs import capture_blocks
-
-            shape = (self.spec.micro_batch_size, self.spec.model.seq_length, self.spec.model.hidden_size)
-            capture_blocks(self.te, model.blocks, shape, self.recipe, optimizer)
-            for block in model.blocks:
-                block.graphed_shape = shape
 
     def after_optimizer_step(self, model: nn.Module) -> None:
         """Straight-through QAT: FusedAdam wrote bf16(master) into each param; the hook replaces it
@@ -301,12 +254,6 @@ class TEBackend(Backend):
 
         for i, block in enumerate(model.blocks):
             block.layer.register_forward_pre_hook(probe(f"blocks.{i}"))
-        if self._te_head():
-            model.lm_head.register_forward_pre_hook(probe("lm_head"))
-
-    def _te_head(self) -> bool:
-        """The LM head is a te.Linear under the step's autocast (its logits GEMM in FP8)."""
-        return self.spec.recipe.fp8_lm_head and self.spec.recipe.fp8_lm_head_fprop
 
     def verify_active(self, model: nn.Module, step: int) -> None:
         """Each block ran with the quantization state the plan says; delayed scales moved off 1.0."""
@@ -321,11 +268,6 @@ class TEBackend(Backend):
                     f"blocks.{i} ran with TE quantization enabled={enabled} but the plan says "
                     f"{want}: the recipe is not what the config asked for"
                 )
-        if self._te_head() and not self._seen.get("lm_head", (False,))[0]:
-            raise RuntimeError(
-                f"recipe={self.spec.recipe.name}: the LM head ran without TE quantization "
-                f"({self._seen.get('lm_head')}): recipe.fp8_lm_head is not in effect"
-            )
         if step >= 2 and self.recipe_spec.delayed_scaling:
             scales = [
                 m.fp8_meta["scaling_fwd"].scale
@@ -371,8 +313,6 @@ class TEBackend(Backend):
             self._model(idx)
 
     def load_state_dict(self, state: dict) -> None:
-        if self.weight_cache is not None:  # the loaded weights are not the cached copies' weights
-            self.weight_cache.invalidate()
         if state and not any(True for _ in self._fp8_metas()):
             self._prime()
         own = {(n, k): meta for n, k, meta in self._fp8_metas()}
@@ -407,17 +347,9 @@ class TEBackend(Backend):
             "nvte_set": self.nvte_env,
             "speed_options": {
                 "packed_qkv_grad": self.spec.options.packed_qkv_grad,
-                "cuda_graphs": self.spec.options.cuda_graphs,
                 "cross_entropy_loss_fusion": self.spec.model.cross_entropy_loss_fusion,
-                "fp8_dpa": self.spec.recipe.fp8_dpa,
-                "fp8_mha": self.spec.recipe.fp8_mha,
-                "fp8_dpa_recipe": self.spec.recipe.fp8_dpa_recipe,
-                "fp8_lm_head": self.spec.recipe.fp8_lm_head,
-                "fp8_lm_head_fprop": self.spec.recipe.fp8_lm_head_fprop,
-                "fp8_lm_head_grad_format": self.spec.recipe.fp8_lm_head_grad_format,
-                "fp8_fast_accumulation": self.spec.recipe.fp8_fast_accumulation,
+                "lm_head_loss_chunks": self.spec.model.lm_head_loss_chunks,
                 "step_in_backward": self.spec.optimizer.step_in_backward,
-                "quantize_weights_in_backward": self.spec.optimizer.quantize_weights_in_backward,
             },
             "mapping_notes": notes,
             "block_recipes": {

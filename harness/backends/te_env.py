@@ -17,12 +17,8 @@ LOWP_SET_NVTE: dict[str, str] = {}
 
 
 def wanted(recipe: RecipeConfig) -> dict[str, str]:
-    """The `NVTE_*` values the recipe's fields ask for (architecture.md, "Honest mappings"), with
-    FP8 attention's recipe switch (harness.backends.te_attention) where it has one."""
-    from harness.backends.te_attention import dpa_env
-
-    env = recipes.get(recipe.name).nvte_env(recipe)
-    return {**env, **dpa_env(recipe.fp8_dpa, recipe.fp8_mha, recipe.fp8_dpa_recipe)}
+    """The `NVTE_*` values the recipe's fields ask for (the registry's `nvte_vars`)."""
+    return recipes.get(recipe.name).nvte_env(recipe)
 
 
 # NVTE_* switches TE honours only with machinery lowp never sets up, each with why
@@ -59,9 +55,6 @@ def conflicts(recipe: RecipeConfig) -> list[str]:
 def set_nvte_env(recipe: RecipeConfig) -> dict[str, str]:
     """Set the NVTE_* defaults TE reads at import from config (fields are also set explicitly)."""
     env = wanted(recipe)
-    for var in [v for v in LOWP_SET_NVTE if v.startswith("NVTE_DPA_") and v not in env]:
-        if os.environ.get(var) == LOWP_SET_NVTE.pop(var):  # an earlier job's switch, not the user's
-            del os.environ[var]
     for var, value in env.items():
         if var not in os.environ or LOWP_SET_NVTE.get(var) == os.environ[var]:
             os.environ[var] = value  # never overrides a user's value (validation refused a conflict)

@@ -1,18 +1,8 @@
-"""Config: typed schema (schema.py), Hydra registration (store.py), validation, and `load`.
-
-    cfg = load(["recipe=mxfp8", "model=gpt_tiny"])   # composed, resolved, validated Config
-
-Every entry point gets its Config from `load` (or, under `@hydra.main`, passes Hydra's composed one
-through `prepare`), so all of them see the same thing: hardware=auto replaced by this machine's
-preset, each stability override's recipe resolved into its full fields (run.json records what each
-module really ran), and the validation rules applied (ConfigError, exit code 2 at the entry point).
-Hydra and the validator are imported inside the functions: the numerics package imports the schema
-through this package and must not pull either in.
-"""
+"""Config, the ground floor: the typed schema (schema.py), its Hydra registration and preset files
+(store.py, paths.py) and the error types (errors.py). Nothing here imports a layer above it; the
+rules and `load()` that give every entry point a ready Config live in `harness.validation`."""
 
 from __future__ import annotations
-
-import dataclasses
 
 from harness.config.schema import (  # noqa: F401
     BackendConfig,
@@ -26,41 +16,3 @@ from harness.config.schema import (  # noqa: F401
     RecipeConfig,
     StabilityConfig,
 )
-
-
-def compose_config(overrides: list[str] | None = None) -> Config:
-    """The typed Config for these overrides, as composed (nothing resolved or validated)."""
-    from harness.config.store import compose, to_config
-
-    return to_config(compose(list(overrides or [])))
-
-
-def resolve_overrides(cfg: Config) -> None:
-    """Fill each stability override's `resolved` with the full recipe that module runs: the run's
-    own recipe where the override names it, else the registry's preset (conf/recipe agrees)."""
-    from harness import recipes
-
-    for ov in cfg.stability.overrides:
-        if ov.resolved is not None or ov.recipe not in recipes.names():
-            continue  # already resolved, or unknown (validation names it)
-        own = ov.recipe == cfg.recipe.name
-        ov.resolved = dataclasses.replace(cfg.recipe) if own else recipes.default_fields(ov.recipe)
-
-
-def prepare(cfg: Config, *, for_export: bool = False, warnings_out: list[str] | None = None) -> Config:
-    """Resolve hardware and overrides, then validate (raises ConfigError); returns `cfg`. The config
-    warnings (also emitted) are appended to `warnings_out` where given: run.json keeps them."""
-    from harness.config.validate import validate
-    from harness.hardware import resolve_hardware
-
-    cfg.hardware = resolve_hardware(cfg.hardware)
-    resolve_overrides(cfg)
-    found = validate(cfg, for_export=for_export)
-    if warnings_out is not None:
-        warnings_out.extend(found)
-    return cfg
-
-
-def load(overrides: list[str] | None = None, *, for_export: bool = False) -> Config:
-    """compose + to_object + resolve_hardware + resolved overrides + validate, for any entry point."""
-    return prepare(compose_config(overrides), for_export=for_export)

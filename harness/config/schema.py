@@ -15,12 +15,11 @@ FP8_FORMATS = ("e4m3", "hybrid")
 FP4_FORMATS = ("e2m1",)
 STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 FP8_FAST_ACCUMULATION = ("fprop", "all")
-FP8_LM_HEAD_GRAD_FORMATS = ("e4m3", "e5m2")
 
 
 @dataclass
 class RecipeConfig:
-    """What each GEMM operand becomes (numerics.md); `name` picks TE's recipe class."""
+    """What each GEMM operand becomes (docs/numerics.md); `name` picks TE's recipe class."""
 
     name: str = "bf16"
     """bf16, delayed, tensorwise, blockwise, mxfp8, nvfp4, int4_qat or custom."""
@@ -53,32 +52,17 @@ class RecipeConfig:
     quantizer_factory: str | None = None
     """custom: import path `module:function` of `factory(role, recipe_cfg) -> quantizer`."""
     fp8_dpa: bool = False
-    """TE FP8 attention: DotProductAttention quantizes Q, K, V, O and their grads (TE recipe
-    `fp8_dpa`; Megatron's TransformerConfig.fp8_dot_product_attention, no flag); backend=te only,
-    changes numerics."""
+    """TE FP8 attention: DotProductAttention quantizes Q, K, V, O and their grads (TE recipe field
+    `fp8_dpa`; Megatron's TransformerConfig.fp8_dot_product_attention, no flag). backend=te only, where
+    TE runs it natively: delayed scaling, or current scaling and MXFP8 from compute capability 10.0."""
     fp8_mha: bool = False
-    """TE FP8 multi-head attention: also the QKV GEMM output and the projection input stay FP8
-    (TE recipe `fp8_mha`; Megatron's TransformerConfig.fp8_multi_head_attention); needs fp8_dpa."""
-    fp8_lm_head: bool = False
-    """The LM head as a te.Linear under the recipe: its three GEMMs in FP8 (Megatron's output layer is
-    never TE, so never FP8). backend=te only, changes numerics: the *_fp8head recipes set it."""
-    fp8_lm_head_fprop: bool = True
-    """With fp8_lm_head: the logits GEMM in FP8 too; false = BF16 logits, the head's dgrad and wgrad
-    in FP8 (current scaling, the recipe's formats and accumulation): the *_fp8headbwd recipes."""
-    fp8_lm_head_grad_format: str | None = None
-    """The *_fp8headbwd head's gradient format: null = the recipe's backward format (E5M2 under
-    hybrid), e4m3 (one more mantissa bit, less range; the blocks keep the recipe's)."""
-    fp8_dpa_recipe: str | None = None
-    """The recipe attention quantizes with (TE's NVTE_DPA_FP8_RECIPE): null = the linears' own;
-    delayed = TE DelayedScaling (what FP8 attention under tensorwise needs below compute capability
-    10.0, where TE 2.20 has no fused current-scaling attention)."""
+    """TE FP8 multi-head attention: also the QKV GEMM output and the projection input stay FP8 (TE
+    recipe field `fp8_mha`; Megatron's TransformerConfig.fp8_multi_head_attention); needs fp8_dpa."""
     fp8_fast_accumulation: str = "fprop"
-    """Which FP8 GEMMs use Hopper/Ada's fast accumulation (cuBLASLt FAST_ACCUM: the tensor cores'
-    reduced-precision accumulator, never promoted to fp32) instead of TE's split accumulator: fprop
-    (TE's default under delayed and current scaling) or all (dgrad and wgrad too: TE
-    Float8CurrentScaling's fp8_gemm_dgrad and fp8_gemm_wgrad get MMParams(use_split_accumulator=False)).
-    Faster backward GEMMs, changes numerics; Float8CurrentScaling and backend=te only (Megatron has no
-    flag): the *_fastacc recipes set it."""
+    """Which FP8 GEMMs use Hopper/Ada's fast accumulation (cuBLASLt FAST_ACCUM, never promoted to fp32)
+    instead of TE's split accumulator: fprop (TE's default) or all (dgrad and wgrad too: TE
+    Float8CurrentScaling's fp8_gemm_dgrad/fp8_gemm_wgrad = MMParams(use_split_accumulator=False)).
+    Changes numerics; tensorwise (Float8CurrentScaling) on backend=te only (Megatron has no flag)."""
 
 
 @dataclass
@@ -88,10 +72,12 @@ class ModuleOverride:
     pattern: str = "*"
     """Glob over module names, e.g. `blocks.0.*` or `*.fc2`."""
     recipe: str = "bf16"
-    """bf16 (no quantization) or a recipe name of conf/recipe."""
+    """bf16 (no quantization) or a recipe family of conf/recipe."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    """Recipe fields of this module's recipe that differ from its preset (or from the run's recipe
+    when `recipe` is the run's), e.g. {fp8_fast_accumulation: all}; validated as recipe.* is."""
     resolved: RecipeConfig | None = None
-    """Filled when the config is loaded: the full fields of `recipe` this module runs (run.json
-    records them); null = the preset's fields."""
+    """Filled when the config is loaded: the full fields this module runs (run.json records them)."""
 
 
 @dataclass
@@ -158,9 +144,6 @@ class OptimizerConfig:
     """Save the MLP activation input in FP8 (E4M3, unscaled) for backward."""
     step_in_backward: bool = False
     """Update each parameter inside backward once its grad is ready, on a side CUDA stream (same numbers)."""
-    quantize_weights_in_backward: bool = False
-    """With step_in_backward on TE's current scaling (tensorwise): cast each weight to FP8 for the next
-    forward right after its update, on the side stream; the forward reuses that copy (same numbers)."""
 
 
 @dataclass
@@ -169,8 +152,6 @@ class HardwareConfig:
 
     name: str = "cpu"
     """cpu, a100, h100, h200, b200, gb200, or auto (detect)."""
-    arch: str = "cpu"
-    """Architecture family: cpu, ampere, hopper, blackwell."""
     compute_capability: float | None = None
     """CUDA compute capability (9.0 Hopper, 10.0 Blackwell); null on a CPU."""
     peak_tflops: dict[str, float | None] = field(
@@ -179,8 +160,6 @@ class HardwareConfig:
     """Dense peak TFLOP/s per dtype from the vendor datasheet (null = none)."""
     measured_tflops: dict[str, float | None] = field(default_factory=lambda: {"bf16": None, "fp8": None})
     """GEMM ceilings measured on this part (anchors.md), where known."""
-    memory_gib: float | None = None
-    """Device memory in GiB."""
     native_recipes: list[str] = field(default_factory=lambda: ["bf16"])
     """Recipes TE runs natively on this hardware."""
 
@@ -285,10 +264,6 @@ class BackendConfig:
     """backend=te: q, k and v leave the fused QKV output through one autograd node whose backward
     hands attention's packed dQKV buffer back as it is (TE 2.20 selects them one by one: three
     zero-filled full-size copies and two adds a layer). Same numbers, fewer passes."""
-    cuda_graphs: bool = False
-    """backend=te: capture each TE block's forward and backward as CUDA graphs (TE's
-    make_graphed_callables) and replay them; needs one micro-batch a step and one recipe for all
-    blocks. Fewer kernel launches from Python; same numbers."""
 
 
 @dataclass
@@ -394,8 +369,6 @@ class Config:
     are moved aside, not deleted); must: refuse to start without a checkpoint."""
     bench_warmup_steps: int = 5
     """Steps excluded from throughput and peak memory."""
-    dtype: str = "bf16"
-    """Activation/compute dtype."""
     init_from: str | None = None
     """A Hugging Face safetensors checkpoint (file or directory, sharded or not) the model starts
     from instead of its random init; its config.json is read with model=hf model.hf_config=."""

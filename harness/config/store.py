@@ -5,7 +5,8 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 
 from harness.config import schema
-from harness.paths import CONF_DIR
+from harness.config.errors import ConfigError
+from harness.config.paths import CONF_DIR
 
 GROUPS = {
     "recipe": schema.RecipeConfig,
@@ -20,29 +21,12 @@ GROUPS = {
 }
 
 
-def register() -> None:
-    from omegaconf import OmegaConf
-
-    from harness.hf.config import hf_field
-
-    # model=hf: the fields of conf/model/hf.yaml read from a Hugging Face config.json
-    OmegaConf.register_new_resolver("hf", hf_field, replace=True)
+def register_schema() -> None:
+    """The `base_<group>` nodes every YAML starts from (Hydra's ConfigStore)."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=schema.Config)
     for group, node in GROUPS.items():
         cs.store(group=group, name=f"base_{group}", node=node)
-
-
-def compose(overrides: list[str] | None = None, config_name: str = "config"):
-    """Compose the config tree outside of a Hydra app (tests, notebooks, the Megatron export)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=list(overrides or []))
 
 
 def to_config(dcfg):
@@ -50,8 +34,6 @@ def to_config(dcfg):
     reading of a config.json) comes out as itself, not wrapped in OmegaConf's multi-line error."""
     from omegaconf import OmegaConf
     from omegaconf.errors import InterpolationResolutionError
-
-    from harness.config.validate import ConfigError
 
     try:
         return OmegaConf.to_object(dcfg)

@@ -83,7 +83,9 @@ def read_manifest(path: str) -> dict | None:
     return man if isinstance(man, dict) and "manifest_version" in man and "vocab_size" in man else None
 
 
-def _stream_data(cfg, name, seq_length, train, eval, option, digests, facts, manifest=None) -> StreamData:
+def _stream_data(
+    cfg: DataConfig, name, seq_length, train, eval, option, digests, facts, manifest=None
+) -> StreamData:
     """Shared tail of memmap and megatron: vocabulary, fingerprint, describe() facts. A prepare
     manifest's vocabulary is the tokenizer's, so the model is checked against that, not the ids seen."""
     declared = cfg.vocab_size is not None

@@ -1,4 +1,4 @@
-"""lowp's emulation of Transformer Engine 2.20.2 numerics in pure PyTorch (numerics.md).
+"""lowp's emulation of Transformer Engine 2.20.2 numerics in pure PyTorch (docs/numerics.md).
 
 Flat modules, one job each: `formats` (E4M3/E5M2/E8M0/E2M1/INT4), `scaling` (amax and scales),
 `delayed` (amax histories), `tensorwise`, `blockwise`, `mxfp8`, `nvfp4`, `int4` (quantizers of

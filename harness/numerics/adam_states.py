@@ -1,4 +1,4 @@
-"""FusedAdam's optimizer-state encodings (numerics.md sections 7-8): pure functions on tensors.
+"""FusedAdam's optimizer-state encodings (docs/numerics.md sections 7-8): pure functions on tensors.
 
 What Transformer Engine's ``FusedAdam`` stores for each ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` /
 ``--main-params-dtype`` (read from TE's ``pytorch/optimizers/fused_adam.py`` and
@@ -11,7 +11,7 @@ What Transformer Engine's ``FusedAdam`` stores for each ``--exp-avg-dtype`` / ``
 - The kernel's math (``adamw_update_``) is evaluated op by op in fp32 with TE's operand order and
   fp32-rounded hyper-parameters (``hyperparameters``); bias corrections ``1 - beta**step`` come from a
   double ``pow`` on the host, as in ``compute_bias_correction``. The quantization (codes and scales from
-  given fp32 values) is exact; bit equality of the math with the GPU is not claimed (numerics.md §8).
+  given fp32 values) is exact; bit equality of the math with the GPU is not claimed (docs/numerics.md §8).
 
 The optimizer built on these is `harness.optim.emulated_adam.PrecisionAwareAdamW`.
 """
@@ -40,7 +40,7 @@ def quantize(x: torch.Tensor, fmt: str, guard: bool = False) -> tuple:
 
     Returns (stored, fp8 quantizer scale or None, dequant multiplier or None, s). fp16 and fp8 scale
     ``x`` in place (TE does too: it is a temporary). Divisions are tensor by tensor: torch's CPU
-    ``scalar / tensor`` is not correctly rounded (numerics.md §0).
+    ``scalar / tensor`` is not correctly rounded (docs/numerics.md §0).
     """
     if fmt in ("fp32", "bf16"):
         return x.to(STORAGE[fmt]), None, None, None

@@ -1,6 +1,6 @@
 """FP8 block scaling (TE Float8BlockScaling): 1x128 activation/gradient blocks, 128x128 weight tiles.
 
-numerics.md section 4: per block amax -> compute_scale_from_amax (power-of-two by default; the
+docs/numerics.md section 4: per block amax -> compute_scale_from_amax (power-of-two by default; the
 Inf fallback is the input dtype's max), scale_inv = 1/scale. A 1x128 tensor's columnwise copy is
 quantized separately from high precision with 128x1 blocks; a 128x128 tensor's columnwise copy is
 the exact transpose (same tile scales).

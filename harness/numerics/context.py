@@ -1,7 +1,7 @@
 """The emulator's one precision context and the run-wide numerics state behind it.
 
 `NumericsContext.autocast()` plays TE's `te.autocast`: it decides *when* delayed-scaling state
-updates (numerics.md section 2): the forward set when the outermost context exits with grad
+updates (docs/numerics.md section 2): the forward set when the outermost context exits with grad
 enabled, the backward set right after the backward of the first quantized module of that
 forward (the last backward to run). It also owns the stochastic-rounding generator and the
 telemetry sink, and serialises all of it for checkpoints.

@@ -1,6 +1,6 @@
 """Delayed scaling state (TE DelayedScaling): per module and direction, a scale and an amax history.
 
-numerics.md section 2. Each cast uses `scale[i]` and max-accumulates its amax into
+docs/numerics.md section 2. Each cast uses `scale[i]` and max-accumulates its amax into
 `amax_history[0, i]`. `update()` is TE's fused kernel_bulk: a zero amax leaves history and scale
 alone; otherwise the history rolls (h'[0]=0, h'[i]=h[i+1], h'[-1]=amax) and
 scale = (fp8max * 2^-margin) / amax ("max": fmaxf from 0 over the old history and amax, so a

@@ -1,7 +1,7 @@
 """Element formats as pure functions: FP8 (E4M3, E5M2), E8M0, E2M1 (FP4) and symmetric INT4.
 
 Every function takes and returns torch tensors and works on any device. Rounding rules are TE's
-(numerics.md section 0): saturating round-to-nearest-even casts, E8M0 rounding *up*, an E2M1 grid
+(docs/numerics.md section 0): saturating round-to-nearest-even casts, E8M0 rounding *up*, an E2M1 grid
 with RNE on the code's parity. torch's own float->float8_e8m0fnu cast rounds differently and its
 float->float8 casts saturate only in some versions (2.11 turns large E4M3 values into NaN; E5M2
 overflows to Inf), so FP8 encoding clamps before casting.
@@ -91,10 +91,6 @@ def fp8_to_float(q: torch.Tensor, has_nan: bool = True) -> tuple[torch.Tensor, f
     return bits.view(torch.float16).float(), 256.0
 
 
-def fp8_max(fmt: FP8Format) -> float:
-    return fmt.max
-
-
 # ----------------------------------------------------------------------------------------------
 # E8M0 (MXFP8 block scales)
 
@@ -140,12 +136,6 @@ def e8m0_quant_scale(e: torch.Tensor) -> torch.Tensor:
 
 E2M1_MAX = 6.0
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-
-
-def _e2m1_step(v: torch.Tensor) -> torch.Tensor:
-    """The grid spacing at |v| (0.5 below 2, 1 in [2, 4), 2 in [4, 6]); powers of two, from bits."""
-    expo = (v.view(torch.int32) & 0x7F800000).clamp_(min=0x3F800000)  # exponent field, >= 2^0
-    return (expo - (1 << 23)).view(torch.float32)  # 2^(e-1)
 
 
 def e2m1_round(

@@ -1,6 +1,6 @@
 """INT4 fake quantization-aware training (miles): symmetric groups along the input dim, STE.
 
-numerics.md section 9: per weight W[out, in], zero-pad `in` to a multiple of g; per 1xg group
+docs/numerics.md section 9: per weight W[out, in], zero-pad `in` to a multiple of g; per 1xg group
 s = max(fp32(amax)/7, 1e-5) (true division), q = clamp(round(W/s), -7, 7) (half to even),
 W_hat = bf16(q * s). Backward is straight-through: dL/dW = dL/dW_hat.
 """

@@ -1,13 +1,13 @@
 """An emulated TE Linear: the three GEMMs on exactly the operand copies TE quantizes.
 
-numerics.md section 1:
+docs/numerics.md section 1:
     fprop  y  = x  W^T : x rowwise  x W rowwise
     dgrad  dx = dy W   : dy rowwise x W columnwise
     wgrad  dW = dy^T x : dy columnwise x x columnwise (x's copy made in forward and saved)
 Operands are quantized from bf16 (activations, bf16(W), incoming bf16 grads), dequantized, and
 multiplied in fp32; fprop and dgrad outputs are rounded to bf16 as `bf16_linear` does, the wgrad
 output too unless `wgrad_fp32` (Megatron's fp32 main grads: TE's fused wgrad accumulation writes the
-GEMM's fp32 result into `main_grad`; numerics.md section 1). With fp8_wgrad=False the wgrad GEMM
+GEMM's fp32 result into `main_grad`; docs/numerics.md section 1). With fp8_wgrad=False the wgrad GEMM
 takes the bf16 operands instead. The weight's two copies are
 cached until the next optimizer step (or an in-place write to W): TE (driven by Megatron's
 is_first_microbatch) quantizes W once per optimizer step, not once per micro-batch.

@@ -1,6 +1,6 @@
 """MXFP8 (TE MXFP8BlockScaling): FP8 elements with one E8M0 scale per 32 elements.
 
-numerics.md section 5: e = E8M0(amax * fl32(1/fp8max)) rounded *up*; elements are multiplied by
+docs/numerics.md section 5: e = E8M0(amax * fl32(1/fp8max)) rounded *up*; elements are multiplied by
 TE's exp2f_rcp(e) and cast with saturation. Rowwise (1x32) and columnwise (32x1) copies are each
 quantized from high precision. TE stores MXFP8 columnwise data untransposed, shape (M, K).
 """

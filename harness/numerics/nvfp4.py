@@ -1,6 +1,6 @@
 """NVFP4 (TE NVFP4BlockScaling): E2M1 elements, E4M3 scale per 16 elements, fp32 global scale.
 
-numerics.md section 6. Two-level scaling from a global amax (S_enc = 2688/amax), 1x16 blocks for
+docs/numerics.md section 6. Two-level scaling from a global amax (S_enc = 2688/amax), 1x16 blocks for
 activations and gradients (16x1 for their columnwise copies), 16x16 tiles for weights (the
 columnwise copy is then the exact transpose). The wgrad operands' columnwise copies go through the
 random Hadamard transform (fixed signs, result rounded to bf16) and use the post-RHT amax;

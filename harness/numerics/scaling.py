@@ -1,6 +1,6 @@
 """Scale arithmetic shared by the FP8 quantizers: amax, scale from amax, role -> format.
 
-Division trap (numerics.md section 0): torch 2.13 CPU computes `python_scalar / tensor` as a
+Division trap (docs/numerics.md section 0): torch 2.13 CPU computes `python_scalar / tensor` as a
 reciprocal times the scalar, not correctly rounded; TE divides in IEEE fp32. Every division here
 is tensor / tensor.
 """

@@ -1,7 +1,7 @@
 """Per-tensor FP8: delayed scaling (a given scale) and current scaling (scale from this amax).
 
 One scale for the whole tensor, so TE's columnwise copy is the exact byte transpose of the
-rowwise one (numerics.md sections 2, 3): both copies share the codes computed here.
+rowwise one (docs/numerics.md sections 2, 3): both copies share the codes computed here.
 """
 
 from __future__ import annotations
@@ -84,18 +84,3 @@ def quantize_per_tensor(
 def current_scale(amax_: torch.Tensor, fmt: FP8Format, *, power_2: bool, epsilon: float) -> torch.Tensor:
     """Float8CurrentScaling's scale: fp8max / max(amax, eps), optionally a power of two."""
     return scale_from_amax(amax_, fmt.max, power_2=power_2, epsilon=epsilon)
-
-
-def quantize_current(
-    x: torch.Tensor,
-    fmt: FP8Format,
-    *,
-    power_2: bool = False,
-    epsilon: float = 0.0,
-    columnwise: bool = False,
-    fused: bool = False,
-) -> PerTensorQuantized:
-    """Tensorwise current scaling: amax of this tensor, then the per-tensor cast."""
-    a, has_nan = amax(as_2d(x))
-    scale = current_scale(a, fmt, power_2=power_2, epsilon=epsilon)
-    return quantize_per_tensor(x, fmt, scale, columnwise=columnwise, amax_=a, has_nan=has_nan, fused=fused)

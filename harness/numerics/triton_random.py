@@ -7,7 +7,7 @@ NVFP4 kernel computes the same ones in registers from the same seed (harness.num
 so both round the same elements the same way, and the kernel saves a full-size torch.rand pass and
 its read (23 ms and about as much again of the emulated NVFP4 step at 1.4B). TE itself feeds the
 hardware's stochastic cvt with Philox bits of its own stream: no emulator reproduces those bits
-(numerics.md section 6), only the rounding's distribution. Where triton is absent: torch.rand.
+(docs/numerics.md section 6), only the rounding's distribution. Where triton is absent: torch.rand.
 """
 
 from __future__ import annotations

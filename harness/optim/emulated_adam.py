@@ -1,4 +1,4 @@
-"""AdamW with TE FusedAdam's low-precision state numerics, in plain PyTorch (numerics.md §7-8).
+"""AdamW with TE FusedAdam's low-precision state numerics, in plain PyTorch (docs/numerics.md §7-8).
 
 Megatron's ``--use-precision-aware-optimizer`` hands ``--exp-avg-dtype``, ``--exp-avg-sq-dtype`` and
 ``--main-params-dtype`` to Transformer Engine's ``FusedAdam``; this class reproduces what that optimizer
@@ -15,7 +15,7 @@ The state encodings and the kernel's math are `harness.numerics.adam_states`:
 - The kernel's math is evaluated op by op in fp32 with TE's operand order and fp32-rounded
   hyper-parameters; bias corrections ``1 - beta**step`` come from a double ``pow`` on the host, as in
   ``compute_bias_correction``. Bit equality with the GPU is not claimed for the math: NVCC may contract
-  products into FMAs (numerics.md §8), and torch's CPU fp32 sqrt is one ulp off CUDA's correctly
+  products into FMAs (docs/numerics.md §8), and torch's CPU fp32 sqrt is one ulp off CUDA's correctly
   rounded ``sqrtf`` on ~20% of inputs (a double sqrt fixes that but cost 30% of a step). The
   quantization (codes and scales from given fp32 values) is exact.
 
@@ -153,7 +153,7 @@ class PrecisionAwareAdamW(torch.optim.Optimizer):
                 raise FloatingPointError(
                     f"{len(hit)} fp8 optimizer state(s) were all zero when re-quantized ({hit[:3]}): "
                     "TE FusedAdam stores NaN codes for them (scale = 1/0) and so did this step; "
-                    "set fp8_zero_state_guard=True to keep zero codes instead (numerics.md §8)"
+                    "set fp8_zero_state_guard=True to keep zero codes instead (docs/numerics.md §8)"
                 )
         return loss
 

@@ -9,9 +9,6 @@ element equals the step after backward and the optimizer's state_dict (the check
 It is legal only where the step needs nothing global (validate.py): one micro-batch a step, no
 gradient clipping, one process. A logged step's grad norm is gathered per parameter in the hook and
 reduced in `torch.nn.utils.get_total_norm`'s order, so the logged value is the same too.
-
-`after_update(p)`, when a backend sets it, runs on the side stream right after p's update
-(optimizer.quantize_weights_in_backward: TE's FP8 copy of the weight for the next forward).
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ class StepInBackward:
         self.group_of = {p: i for i, g in enumerate(inner.param_groups) for p in g["params"]}
         self.order = _norm_order(params)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.after_update = None  # callable(p), set by a backend
         self.norms: dict[nn.Parameter, torch.Tensor] | None = None
         self.updated = 0
         # the hook holds the stepper weakly: a tensor's hooks live in C++, where the garbage
@@ -105,8 +101,6 @@ class StepInBackward:
             found_inf=None,
             decoupled_weight_decay=group["decoupled_weight_decay"],
         )
-        if self.after_update is not None:  # on the update's stream, after it
-            self.after_update(p)
 
 
 def _norm_order(params: list[nn.Parameter]) -> list[nn.Parameter]:

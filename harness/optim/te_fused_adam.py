@@ -26,7 +26,7 @@ def fused_adam_batched_fp8_states():
     step against 19 ms of GPU work, so the GPU waits. This subclass does the same arithmetic with
     foreach ops over all tensors: codes * scale_inv to unscale; absmax = max(-min, max),
     s = absmax / 448, quantizer scale = 1 / s, codes = satfinite_e4m3(x * scale), scale_inv = 1 / scale
-    to re-quantize (numerics.md §8; `harness.numerics.adam_states.quantize` is the CPU reference). The
+    to re-quantize (docs/numerics.md §8; `harness.numerics.adam_states.quantize` is the CPU reference). The
     states, scales and parameters stay bit-identical to TE's (GPU test); the Adam step is TE's kernel,
     and everything outside `step` (state init, state_dict, set_scaled_state) is TE's own code.
     """

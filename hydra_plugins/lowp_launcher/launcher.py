@@ -8,8 +8,8 @@ job killed by Slurm leaves no result behind. Each job's own log stays in its run
 submitit folder; the terminal gets one status line and one line per finished job.
 
 Requeue protocol on Slurm (submitit's): the job is started with `--signal=USR2@signal_delay_s`. The
-training loop (harness.signals) turns SIGUSR2/SIGTERM into a checkpoint at the next step boundary and
-`status: preempted`, then hands the signal to submitit's handler: after USR2 submitit asks this
+training loop (harness.lifecycle.signals) turns SIGUSR2/SIGTERM into a checkpoint at the next step
+boundary and `status: preempted`, then hands the signal to submitit's handler: after USR2 submitit asks this
 launcher's `checkpoint()` for the same job, requeues it (time-limit stops count against
 `max_num_timeout`, preemptions do not) and exits; after SIGTERM (`scontrol requeue`, preemption,
 scancel) Slurm decides. Either way the job exits without a result, so the driver keeps waiting while
@@ -115,7 +115,7 @@ class LowpLauncher(Launcher):
 
     def _after_run(self, run_dir: Path, stopped: BaseException | None) -> None:
         """A preempted run leaves no result behind, so the driver keeps waiting while it is requeued."""
-        from harness.progress import read_summary
+        from harness.multirun.progress import read_summary
 
         if stopped is not None:
             raise stopped
@@ -168,7 +168,7 @@ class LowpLauncher(Launcher):
         return Path(str(self.config.hydra.sweep.dir)).name
 
     def launch(self, job_overrides, initial_job_idx: int) -> list[JobReturn]:
-        from harness.progress import SweepProgress
+        from harness.multirun.progress import SweepProgress
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -244,7 +244,7 @@ def _run_dir(cfg: DictConfig) -> Path:
 
 
 def _summary(p: Planned) -> dict | None:
-    from harness.progress import read_summary
+    from harness.multirun.progress import read_summary
 
     return read_summary(p.run_dir)
 

@@ -12,7 +12,7 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class LowpLocalSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from harness.paths import CONF_DIR
+        from harness.config.paths import CONF_DIR
 
         local = CONF_DIR / "local"
         ours = any(e.path in (str(CONF_DIR), f"file://{CONF_DIR}") for e in search_path.get_path())

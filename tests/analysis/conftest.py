@@ -3,17 +3,24 @@
 `write_run` writes one run directory (run.json, metrics.jsonl, numerics.jsonl, summary.json) from a
 closed-form loss curve, so tests can predict numbers. `SWEEP_SOURCES` maps a name to a function
 `make(root: Path) -> Path` returning a sweep directory with (at least) two BF16 seeds and two
-low-precision recipes; every test that takes the `sweep_dir` fixture runs once per source. To add
-the sweep made by the real harness, add one entry (e.g. `"harness": make_harness_sweep`).
+low-precision recipes; every test that takes the `sweep_dir` fixture runs once per source, and once
+per source in SLOW_SOURCES only in the slow lane (`harness`: the sweep made by the harness's CLI).
+
+The fast lane starts no process: a test here that is not marked `slow` fails if it (or a fixture it
+sets up) starts one, Python or not (`_no_processes`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable
+import multiprocessing.util
+import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -34,6 +41,8 @@ def write_run(
     name: str,
     *,
     recipe: str = "bf16",
+    recipe_label: str | Literal[False] | None = None,
+    recipe_fields: dict[str, Any] | None = None,
     seed: int = 0,
     backend: str = "emulated",
     hardware: str = "cpu",
@@ -59,7 +68,9 @@ def write_run(
     wandb_run_id: str | None = None,
 ) -> Path:
     """One run directory. `loss_fn(step) -> loss` replaces the default curve; `diverged_step` makes
-    the loss NaN from that step on and stops logging there."""
+    the loss NaN from that step on and stops logging there. summary.recipe_label is `recipe_label`,
+    else `recipe` (a run at its family's preset); `recipe_label=False` leaves it out, as a run written
+    before labels. `recipe_fields` go into the config's recipe section beside its name."""
     d = root / name
     d.mkdir(parents=True)
     tokens_per_step = global_batch_size * seq_length
@@ -72,7 +83,11 @@ def write_run(
         loss[-1] = math.nan
     tps = tokens_per_step / (step_ms / 1000.0)
     config = {
-        "recipe": {"name": recipe, "fp8": None if recipe in ("bf16", "nvfp4") else "e4m3"},
+        "recipe": {
+            "name": recipe,
+            "fp8": None if recipe in ("bf16", "nvfp4") else "e4m3",
+            **(recipe_fields or {}),
+        },
         "stability": {"name": stability, "fp8_margin": 0},
         "optimizer": {"name": optimizer, "lr": 3e-4},
         "hardware": {"name": hardware, "peak_tflops": {"bf16": 989 if hardware != "cpu" else None}},
@@ -149,6 +164,8 @@ def write_run(
             "diverged_step": diverged_step, "divergence_cause": "loss is nan" if diverged_step else None,
             "error": None,
         }  # fmt: skip
+        if recipe_label is not False:
+            summ["recipe_label"] = recipe_label or recipe
         (d / "summary.json").write_text(json.dumps(summ))
     return d
 
@@ -179,8 +196,6 @@ def make_synthetic_sweep(root: Path) -> Path:
 def make_harness_sweep(root: Path) -> Path:
     """A tiny real sweep made by the harness's own CLI (Hydra multirun layout): BF16, emulated
     tensorwise and NVFP4 on gpt_tiny, two seeds each, with numerics telemetry."""
-    import os
-    import subprocess
     import sys
 
     sweep = root / "harness_sweep"
@@ -222,9 +237,16 @@ SWEEP_SOURCES: dict[str, Callable[[Path], Path]] = {
     "synthetic": make_synthetic_sweep,
     "harness": make_harness_sweep,
 }
+SLOW_SOURCES = {"harness"}
+"""Sources that start processes (the CLI, a multirun): their tests belong to the slow lane."""
 
 
-@pytest.fixture(scope="session", params=sorted(SWEEP_SOURCES))
+@pytest.fixture(
+    scope="session",
+    params=[
+        pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SOURCES else s for s in sorted(SWEEP_SOURCES)
+    ],
+)
 def sweep_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A sweep directory per source in SWEEP_SOURCES (two BF16 seeds and two or more recipes)."""
     return SWEEP_SOURCES[request.param](tmp_path_factory.mktemp(request.param))
@@ -242,3 +264,61 @@ def _no_wandb_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+
+
+INCIDENTAL = {"fc-list", "uname", "ldconfig", "gcc", "cc", "objdump", "ld"}
+"""System tools that libraries run once on first use, not what a test launches: matplotlib's font
+cache (fc-list), platform (uname), ctypes.util.find_library (ldconfig, gcc, cc, objdump, ld)."""
+
+
+@contextlib.contextmanager
+def _no_processes(item: pytest.Item) -> Iterator[None]:
+    """Fail a test of the fast lane that starts a process: a subprocess (the CLI, a kernel, a
+    service), a fork, or a multiprocessing pool. A `slow` test may."""
+    if item.get_closest_marker("slow"):
+        yield
+        return
+
+    def refuse(what: str) -> Callable[..., Any]:
+        def start(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError(
+                f"{item.nodeid} starts a process ({what}) in the fast lane: mark it slow, or write its "
+                "data in-process (tests/analysis/conftest.py)"
+            )
+
+        return start
+
+    real_child = subprocess.Popen._execute_child
+
+    def execute_child(self: subprocess.Popen, args: Any, executable: Any, *rest: Any) -> Any:
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        if os.path.basename(os.fsdecode(executable or argv[0])) in INCIDENTAL:
+            return real_child(self, args, executable, *rest)
+        return refuse(f"subprocess {argv[:3]}")()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "_execute_child", execute_child)
+        mp.setattr(os, "fork", refuse("os.fork"))
+        mp.setattr(os, "system", refuse("os.system"))
+        for name in ("posix_spawn", "posix_spawnp"):
+            mp.setattr(os, name, refuse(f"os.{name}"), raising=False)
+        mp.setattr(multiprocessing.util, "spawnv_passfds", refuse("a multiprocessing spawn"))
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    with _no_processes(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    with _no_processes(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Any:
+    with _no_processes(item):
+        return (yield)

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytest.importorskip("scipy")
+
 from analysis import keys as K
 from analysis.curves import first_crossing, smooth
 from analysis.pairing import COLUMNS, compare

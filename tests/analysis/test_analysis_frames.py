@@ -7,6 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytest.importorskip("pandas")
+pytest.importorskip("scipy")
+
 import analysis
 from analysis import keys as K
 from analysis.pairing import COLUMNS

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("pandas")
+pytest.importorskip("scipy")
+
 import analysis
 from analysis.wandb_offline import find_offline_runs, iter_records
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytest.importorskip("pandas")
+
 from analysis import keys as K
 from analysis import reader as load
 from analysis import telemetry
@@ -112,6 +114,7 @@ def test_numerics_fall_back_to_metrics_keys(tmp_path: Path, run_writer, recwarn)
     assert rows == [{"step": 200, "layer": "blocks.0/mlp/fc1", "tensor": "grad", "underflow": 0.25}]
 
 
+@pytest.mark.slow  # a process pool
 def test_parallel_loading_matches_serial(sweep_dir: Path) -> None:
     serial, parallel = load_runs(sweep_dir, workers=1), load_runs(sweep_dir, workers=2)
     assert [r.name for r in serial] == [r.name for r in parallel]

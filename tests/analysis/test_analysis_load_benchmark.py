@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from benchmarks import analysis_load
+import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+pytest.importorskip("pandas")
+pytest.importorskip("scipy")
+
+from benchmarks import analysis_load
 
 
 def test_analysis_load_benchmark_runs_small(tmp_path: Path, capsys) -> None:
@@ -22,7 +23,9 @@ def test_analysis_load_benchmark_runs_small(tmp_path: Path, capsys) -> None:
     assert rec["runs"] == 5 and rec["curve_rows"] > 5 * 300 and rec["total_s"] > 0
 
 
-def test_analysis_load_benchmark_help() -> None:
-    res = subprocess.run([sys.executable, "-m", "benchmarks.analysis_load", "--help"], cwd=REPO,
-                         capture_output=True, text=True, check=True)  # fmt: skip
-    assert "--runs" in res.stdout and "--steps" in res.stdout
+def test_analysis_load_benchmark_help(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        analysis_load.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "--runs" in out and "--steps" in out

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import nbformat
 import pytest
+
+pytest.importorskip("nbformat")
+
+import nbformat
 
 import analysis
 
@@ -26,8 +29,7 @@ def test_notebook_is_stored_without_outputs_and_has_a_parameters_cell() -> None:
 def test_notebook_executes_on_a_sweep(
     sweep_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import papermill
-
+    papermill = pytest.importorskip("papermill")
     repo = NOTEBOOK.parents[2]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "executed.ipynb"

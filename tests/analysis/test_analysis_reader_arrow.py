@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import reader as R
-
 pytest.importorskip("pyarrow")
+
+from analysis import columns as C
+from analysis import reader as R
 
 ROW = '{{"step": {s}, "tokens": {t}, "loss/train": {v}, "optim/lr": 0.0003, "time/step_ms": 12}}\n'
 CASES = {
@@ -56,7 +57,7 @@ def test_arrow_path_matches_row_path(tmp_path: Path, case: str) -> None:
     got_issues: list[str] = []
     want_issues: list[str] = []
     got = R.read_metrics(p, got_issues)
-    want = R.rows_to_columns(R.parse_jsonl(p, want_issues), p.name, want_issues)
+    want = C.rows_to_columns(R.parse_jsonl(p, want_issues), p.name, want_issues)
     assert got_issues == want_issues
     for g, w in zip(got, want, strict=True):
         assert list(g) == list(w)

@@ -5,11 +5,18 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("pandas")
+pytest.importorskip("scipy")
+pytest.importorskip("jinja2")
+pytest.importorskip("matplotlib")
 
 from analysis import report
 from analysis.pairing import COLUMNS
@@ -104,6 +111,22 @@ def test_cli_errors(tmp_path: Path, capsys) -> None:
     assert "no run directories" in capsys.readouterr().err
 
 
+def test_the_module_runs_as_main(tmp_path: Path, run_writer, monkeypatch, capsys) -> None:
+    """What `python -m analysis.report` runs, in this process (runpy is what `-m` uses); that loading
+    the package does not import the module first is test_analysis_structure's."""
+    run_writer(tmp_path / "s", "0_bf16_s0")
+    monkeypatch.delitem(sys.modules, "analysis.report")
+    argv = ["analysis.report", str(tmp_path / "s"), "--out", str(tmp_path / "o"), "--no-plots"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(SystemExit) as exit_:
+        warnings.simplefilter("always")
+        runpy.run_module("analysis.report", run_name="__main__", alter_sys=True)
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.rstrip().endswith("report.html")
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.slow
 def test_python_dash_m_entry_point(tmp_path: Path, run_writer) -> None:
     run_writer(tmp_path / "s", "0_bf16_s0")
     cmd = [

@@ -20,6 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+pytest.importorskip("pandas")
+pytest.importorskip("scipy")
+
 from scipy import stats as st
 
 import analysis

@@ -1,4 +1,8 @@
-"""Runs read back from real W&B offline run directories (`wandb.init(mode="offline")`)."""
+"""Runs read back from real W&B offline run directories (`wandb.init(mode="offline")`).
+
+Every test reads the .wandb files stored in `data/wandb_offline/` (logged once by the real client,
+`tests/analysis/wandb_runs.py`); the slow lane also reads files logged now by the installed client.
+"""
 
 from __future__ import annotations
 
@@ -14,64 +18,37 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytest.importorskip("wandb")
+pytest.importorskip("pandas")
+pytest.importorskip("scipy")
+pytest.importorskip("jinja2")
+
 from analysis import keys as K
 from analysis import report
 from analysis.pairing import compare
 from analysis.reader import RunWarning, load_runs
 from analysis.wandb_offline import find_offline_runs, iter_records, read_offline_run
+from tests.analysis.wandb_runs import TOKENS_PER_STEP
 
-TOKENS_PER_STEP = 512
 REPO = Path(__file__).resolve().parents[2]
+STORED = Path(__file__).parent / "data" / "wandb_offline"
 
 
-def _log_run(root: Path, recipe: str, seed: int, offset: float, with_summary: bool) -> str:
-    import wandb
+@pytest.fixture(scope="module", params=["stored", pytest.param("fresh", marks=pytest.mark.slow)])
+def wandb_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """(root, {recipe: run id}): root/wandb/offline-run-*/run-*.wandb of a BF16 and a tensorwise run.
 
-    config = {
-        "recipe": {"name": recipe}, "stability": {"name": "none"}, "optimizer": {"name": "adamw_fp32"},
-        "hardware": {"name": "cpu"}, "model": {"name": "gpt_tiny", "seq_length": 64},
-        "data": {"name": "markov"}, "backend": {"name": "emulated"}, "seed": seed, "steps": 100,
-        "global_batch_size": 8,
-        "provenance": {"backend": "emulated", "hardware": "cpu", "seed": seed},
-    }  # fmt: skip
-    with wandb.init(
-        mode="offline", dir=root, project="lowp", group="sweep-1", job_type=recipe, config=config
-    ) as run:
-        for step in range(10, 101, 10):
-            loss = 5.0 - 0.01 * step + offset
-            row = {"step": step, "tokens": step * TOKENS_PER_STEP, "loss/train": loss, "time/step_ms": 50.0}
-            if step % 50 == 0:
-                row["loss/eval"] = loss + 0.1
-            run.log(row, step=step)
-        if with_summary:
-            run.summary.update({"status": "completed", "recipe": recipe, "seed": seed, "tokens": 100 * 512})
-        return run.id
-
-
-_LOG_RUNS = """
-import json, sys
-from pathlib import Path
-from tests.analysis.test_analysis_wandb_offline import _log_run
-root = Path(sys.argv[1])
-ids = {
-    "bf16": _log_run(root, "bf16", 0, 0.0, with_summary=True),
-    "tensorwise": _log_run(root, "tensorwise", 0, 0.02, with_summary=False),
-}
-print(json.dumps(ids))
-"""
-
-
-@pytest.fixture(scope="module")
-def wandb_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """Two offline runs logged by a process of their own, as a training job logs them: the wandb
-    client's process-wide state (its service, settings and active run) left by earlier tests in this
-    process cannot reach them."""
-    pytest.importorskip("wandb")
-    root = tmp_path_factory.mktemp("wandb_runs")
+    `stored`: the files in data/wandb_offline. `fresh`: logged now by a process of its own, as a
+    training job logs them: the wandb client's process-wide state (its service, settings and active
+    run) left by earlier tests in this process cannot reach them."""
+    root = tmp_path_factory.mktemp(f"wandb_{request.param}")
+    if request.param == "stored":
+        shutil.copytree(STORED, root / "wandb", ignore=shutil.ignore_patterns("ids.json"))
+        return root, json.loads((STORED / "ids.json").read_text())
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     out = subprocess.run(
-        [sys.executable, "-c", _LOG_RUNS, str(root)],
+        [sys.executable, "-m", "tests.analysis.wandb_runs", str(root)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -152,6 +129,7 @@ def test_not_a_wandb_file(tmp_path: Path) -> None:
     assert "not a W&B transaction log" in run.issues[0]
 
 
+@pytest.mark.slow  # the wandb client starts its service process
 def test_report_goes_to_wandb_as_table_artifact_and_run_verdicts(wandb_root, tmp_path: Path) -> None:
     """Real wandb client, offline: the analysis run holds the comparison table and the report artifact,
     and each training run gets its arm's verdict in its summary (a resumed offline run of the same id)."""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 from analysis.fidelity import criterion, criterion_free, rel

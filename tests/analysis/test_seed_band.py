@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -85,9 +86,60 @@ def test_cli_errors_name_the_fix(files, tmp_path, capsys):
 def test_a_field_override_is_its_own_arm():
     from analysis.seed_band import _arm
 
-    assert _arm("tensorwise_fp8headbwd_fastacc_e4m3grad_s0", "tensorwise_fp8headbwd_fastacc") == (
-        "tensorwise_fp8headbwd_fastacc_e4m3grad"
+    old = "tensorwise_fp8headbwd_fastacc"
+    assert _arm("tensorwise_fp8headbwd_fastacc_e4m3grad_s0", {"recipe": old}) == (
+        "tensorwise + FP8 LM head backward + fast accumulation + e4m3grad"
     )
-    assert _arm("tensorwise_fastacc_s2", "tensorwise_fastacc") == "tensorwise_fastacc"
-    assert _arm("tensorwise", "tensorwise") == "tensorwise"
-    assert _arm("bf16_s3", "bf16") == "bf16"
+    assert _arm("tensorwise_fastacc_s2", {"recipe": "tensorwise_fastacc"}) == "tensorwise + fast accumulation"
+    assert _arm("tensorwise", {"recipe": "tensorwise"}) == "tensorwise"
+    assert _arm("bf16_s3", {"recipe": "bf16"}) == "bf16"
+    assert _arm("nvfp4_nornht_s0", {"recipe": "nvfp4"}) == "nvfp4 + nornht"  # a family's field override
+    # a run with a label says its fields itself; its name adds nothing
+    new = {"recipe": "tensorwise", "recipe_label": "tensorwise + fast accumulation"}
+    assert _arm("tensorwise_fastacc_s0", new) == "tensorwise + fast accumulation"
+    assert _arm("bf16_s0", {"recipe": "bf16", "variant": "none+bf16_states"}) == "bf16 [none+bf16_states]"
+
+
+def test_a_name_from_before_the_families_joins_its_label(files, tmp_path):
+    """tensorwise_fastacc (before the families) and tensorwise labelled `+ fast accumulation` are one
+    arm, judged against the band like any other."""
+    new = run("tensorwise", 1, (4.15, 3.65, 3.35))
+    new["summary"]["recipe_label"] = "tensorwise + fast accumulation"
+    mixed = {
+        "tensorwise_fastacc_s0": run("tensorwise_fastacc", 0, (4.05, 3.55, 3.25)),
+        "tensorwise_fastacc_s1": new,
+        "tensorwise_s0": run("tensorwise", 0, (4.0, 3.5, 3.2)),
+    }
+    result = seed_band.judge(seed_band.load_runs([files[0], write(tmp_path / "mixed.json", mixed)]))
+    assert set(result["recipes"]) == {"tensorwise + fast accumulation", "tensorwise"}
+    fastacc = result["recipes"]["tensorwise + fast accumulation"]
+    assert [(x["label"], x["seed"]) for x in fastacc["runs"]] == [
+        ("tensorwise_fastacc_s0", 0),
+        ("tensorwise_fastacc_s1", 1),
+    ]
+    assert fastacc["holds"]
+
+
+def test_real_result_files_group_by_family_and_label(capsys):
+    """Two result files of the 8B slice (benchmarks/results, copied to tests/analysis/data/seed_band):
+    BF16 seeds 0, 2, 3, 4 and runs named before the families (tensorwise_fastacc, tensorwise_fp8head,
+    tensorwise_fp8head_fastacc) beside plain tensorwise."""
+    data = Path(__file__).parent / "data" / "seed_band"
+    paths = [
+        data / "markov_300_8b_band_h200_2026-12-01.json",
+        data / "markov_300_8b_fastacc_h200_2026-12-01.json",
+    ]
+    assert seed_band.main([str(p) for p in paths]) == 0
+    text = capsys.readouterr().out
+    result = seed_band.judge(seed_band.load_runs(paths))
+    assert result["bf16_seeds"] == [0, 2, 3, 4]
+    assert set(result["recipes"]) == {
+        "tensorwise",
+        "tensorwise + fast accumulation",
+        "tensorwise + FP8 LM head",
+        "tensorwise + FP8 LM head + fast accumulation",
+    }
+    fastacc = result["recipes"]["tensorwise + fast accumulation"]
+    assert [x["seed"] for x in fastacc["runs"]] == [0, 2] and fastacc["unpaired"] == ["tensorwise_fastacc_s1"]
+    assert "tensorwise + fast accumulation               FAILS on eval at 2 seed(s)" in text
+    assert "tensorwise_fastacc " not in text  # the old name appears only as a run's label

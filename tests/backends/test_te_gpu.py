@@ -27,10 +27,10 @@ def test_hopper_recipe_trains_50_steps(tmp_path, recipe):
 @needs_te
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
 def test_blackwell_recipes_refused_on_hopper_with_reason(recipe):
-    from harness.config.validate import ConfigError, validate
+    from harness.validation.rules import ConfigError, validate
 
     cfg = compose_cfg(*GPU_TINY, "backend=te", f"recipe={recipe}")
-    from harness.hardware import resolve_hardware
+    from harness.backends.hardware import resolve_hardware
 
     cfg.hardware = resolve_hardware(cfg.hardware)
     if cfg.hardware.compute_capability and cfg.hardware.compute_capability >= 10:
@@ -152,3 +152,63 @@ def test_accumulation_reuses_first_microbatch_weights(tmp_path, monkeypatch):
     fresh = run(compose_cfg(*common), tmp_path / "fresh")
     assert cached.status == fresh.status == "completed"
     assert abs(cached.final_train_loss - fresh.final_train_loss) < 1e-3 * fresh.final_train_loss
+
+
+def _loss_and_grads(cfg, *, fused: bool, nudge: float = 0.0):
+    """One forward/backward of the TE model from a fresh Trainer: the loss and every parameter's
+    gradient (main grad or .grad). `nudge` multiplies the bf16 logit gradient by (1 + nudge) before
+    it flows back through the LM head: the reference path's response to moving every logit gradient
+    by one bf16 unit in the last place."""
+    import tempfile
+
+    from harness.model.loss import loss_fn
+    from harness.train import Trainer
+
+    trainer = Trainer(cfg, tempfile.mkdtemp(prefix="lowp-fused-ce-"))
+    x, y = trainer._next_batch()
+    model = trainer.model
+    with trainer.backend.autocast():
+        logits = model.lm_head(model.hidden(x))  # (B, T, V) bf16
+    if nudge:
+        logits.register_hook(lambda g: (g.float() * (1 + nudge)).to(g.dtype))
+    loss = loss_fn(logits, y, fused=fused)
+    loss.backward()
+    grads = {}
+    for name, p in model.named_parameters():
+        g = getattr(p, "main_grad", None) if p.grad is None else p.grad
+        grads[name] = g.detach().float().clone()
+    return loss.detach().float(), grads
+
+
+@needs_cuda
+@needs_te
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
+def test_fused_cross_entropy_matches_the_whole_logits_loss(recipe):
+    """TE's fused cross entropy against the whole-logits loss (F.cross_entropy on the fp32 logits).
+
+    Both compute the loss in fp32 from the same bf16 logits, so the losses agree to fp32 rounding of a
+    mean over the tokens (relative 1e-5). Their logit gradients, softmax - onehot, are computed in fp32
+    and stored in bf16 by both, so they differ at most by one bf16 unit in the last place (ULP: 2^-7
+    relative at most) where the two fp32 values round to different bf16 neighbours. Everything after
+    that is the same backward, which is linear in the logit gradient for the saved activations: the
+    parameter gradients then differ by at most the backward's response to a one-ULP change of the
+    logit gradients. The test measures that response on the reference path itself (every logit
+    gradient moved by 2^-7, i.e. by at least one ULP, the worst case in which every element rounds
+    differently) and allows twice it per parameter, plus the bf16 rounding of the gradient's own
+    largest element. A bug (a wrong softmax, a missing 1/N) moves gradients by far more."""
+    common = (*GPU_TINY, "backend=te", f"recipe={recipe}", "seed=5")
+    loss_ref, g_ref = _loss_and_grads(compose_cfg(*common), fused=False)
+    _, g_ulp = _loss_and_grads(compose_cfg(*common), fused=False, nudge=2**-7)
+    loss_fused, g_fused = _loss_and_grads(
+        compose_cfg(*common, "model.cross_entropy_loss_fusion=true"), fused=True
+    )
+    assert loss_fused.shape == () and abs(loss_ref - loss_fused) <= 1e-5 * abs(loss_ref)
+    for name, ref in g_ref.items():
+        one_ulp = (g_ulp[name] - ref).abs().max()
+        own_rounding = ref.abs().max() * 2**-8  # bf16 half-ULP of the largest element
+        bound = 2 * one_ulp + own_rounding
+        assert (g_fused[name] - ref).abs().max() <= bound, (
+            name,
+            float((g_fused[name] - ref).abs().max()),
+            float(bound),
+        )

@@ -4,6 +4,7 @@ same configs in tests/test_megatron_gpu.py (its recipe classes' own asserts)."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import sys
 import types
@@ -62,32 +63,16 @@ def _split(rec) -> tuple[bool, bool, bool]:
 
 
 @pytest.mark.parametrize(
-    ("recipe", "split"),
+    ("fields", "split"),
     [
-        ("tensorwise", (False, True, True)),  # TE's default: fast accumulation in fprop only
-        ("tensorwise_fp8head", (False, True, True)),
-        ("tensorwise_fastacc", (False, False, False)),
-        ("tensorwise_fp8head_fastacc", (False, False, False)),
-        ("tensorwise_fp8attn_fastacc", (False, False, False)),
+        ({}, (False, True, True)),  # TE's default: fast accumulation in fprop only
+        ({"fp8_fast_accumulation": "all"}, (False, False, False)),
+        ({"fp8_fast_accumulation": "all", "fp8_dpa": True}, (False, False, False)),
     ],
 )
-def test_fast_accumulation_sets_float8_current_scalings_gemm_params(stand_in_te, recipe, split):
-    r = recipes.default_fields(recipe)
+def test_fast_accumulation_sets_float8_current_scalings_gemm_params(stand_in_te, fields, split):
+    r = dataclasses.replace(recipes.default_fields("tensorwise"), **fields)
     rec = build_te_recipe(r, StabilityConfig())
     assert isinstance(rec, _Float8CurrentScaling)
     assert _split(rec) == split
     assert rec.fp8_format is _Format.HYBRID and rec.fp8_quant_bwd_grad == _QParams(False, 0.0)
-
-
-def test_the_fast_accumulation_recipes_are_their_bases_plus_the_field():
-    """Only the accumulation differs: the same TE class, formats and scales, TE-only."""
-    for name, base in (
-        ("tensorwise_fastacc", "tensorwise"),
-        ("tensorwise_fp8head_fastacc", "tensorwise_fp8head"),
-        ("tensorwise_fp8attn_fastacc", "tensorwise_fp8attn"),
-    ):
-        spec, base_spec = recipes.get(name), recipes.get(base)
-        assert spec.te_recipe_class == "Float8CurrentScaling" and spec.te_only
-        assert spec.megatron == base_spec.megatron and spec.min_cc == base_spec.min_cc
-        assert spec.defaults == {**base_spec.defaults, "fp8_fast_accumulation": "all"}
-        assert base_spec.default_fields().fp8_fast_accumulation == "fprop"

@@ -81,8 +81,8 @@ def _close(tensor: str, stat: str, a, b, pow2: bool) -> bool:
 @pytest.mark.parametrize("recipe", ["tensorwise", "delayed", "blockwise"])
 def test_te_telemetry_rows_match_emulated(tmp_path, recipe):
     from harness.backends.te_weights import load_into_te, round_to_bf16_
-    from harness.config import load
     from harness.train import Trainer
+    from harness.validation import load
 
     em = Trainer(load([*COMMON, "backend=emulated", f"recipe={recipe}"]), tmp_path / "em")
     round_to_bf16_(em.model)

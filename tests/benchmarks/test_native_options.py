@@ -8,7 +8,7 @@ import torch
 
 from benchmarks import kernel_breakdown as K
 from benchmarks import native_options as N
-from harness.memory import GIB, SavedTensors, breakdown
+from harness.lifecycle.memory import GIB, SavedTensors, breakdown
 
 
 def _op(name, ts, dur, tid=1):

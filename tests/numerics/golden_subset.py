@@ -31,7 +31,7 @@ def tile_of(x: torch.Tensor) -> tuple[int, int]:
 
 
 def _scales(te: dict, r0: int, c0: int, kind: str) -> dict:
-    """scale_inv of the tile from TE's layouts (numerics.md section 3; valid region only for 2D)."""
+    """scale_inv of the tile from TE's layouts (docs/numerics.md section 3; valid region only for 2D)."""
     rb, cb = r0 // TILE, c0 // TILE
     row, col = te["_rowwise_scale_inv"], te["_columnwise_scale_inv"]
     if kind == "block1d":  # (column blocks, rows) rowwise; (row blocks, columns) columnwise

@@ -1,5 +1,5 @@
 """FusedAdam's state encodings (harness.numerics.adam_states) against hand computations of
-numerics.md section 8 and an independent E4M3 encoder, exactly."""
+docs/numerics.md section 8 and an independent E4M3 encoder, exactly."""
 
 from __future__ import annotations
 

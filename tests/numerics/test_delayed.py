@@ -1,4 +1,4 @@
-"""Delayed scaling: TE's update rule (kernel_bulk) and its timing (numerics.md section 2)."""
+"""Delayed scaling: TE's update rule (kernel_bulk) and its timing (docs/numerics.md section 2)."""
 
 from __future__ import annotations
 

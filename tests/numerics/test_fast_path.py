@@ -346,7 +346,7 @@ def test_compiled_functions_keep_eager_s_bf16_roundings():
     import shutil
     import warnings
 
-    from harness.model import _round_sum
+    from harness.model.gpt import _round_sum
 
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler for Inductor's CPU kernels")

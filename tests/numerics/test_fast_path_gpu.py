@@ -233,7 +233,7 @@ def test_block_amax_kernel_is_the_reference_on_cuda():
 
 def test_fused_residual_add_is_the_unfused_one_on_cuda():
     """model.residual_add's compiled CUDA pass against bf16_values(x + y): values and gradients."""
-    from harness.model import bf16_values, residual_add
+    from harness.model.gpt import bf16_values, residual_add
 
     g = torch.Generator().manual_seed(0)
     x0 = bf16_values(torch.randn(4096, 2048, generator=g) * 3).cuda()
@@ -253,7 +253,7 @@ def test_norm_with_bf16_output_is_the_fp32_one_rounded_on_cuda():
     """TEOrderLayerNorm.bf16_output (its linear rounds the input anyway): forward bits and the
     gradients of x, weight and bias equal the fp32 output's rounded by the consumer."""
     from harness.backends.emulated import TEOrderLayerNorm
-    from harness.model import bf16_values
+    from harness.model.gpt import bf16_values
 
     g = torch.Generator().manual_seed(1)
     x0 = bf16_values(torch.randn(2, 1024, 2048, generator=g) * 2).cuda()

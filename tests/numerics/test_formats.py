@@ -1,4 +1,4 @@
-"""Element formats: worked cases of numerics.md section 0 (saturation, ties, E8M0 rounding up)."""
+"""Element formats: worked cases of docs/numerics.md section 0 (saturation, ties, E8M0 rounding up)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""INT4 fake QAT (miles, numerics.md section 9): worked groups and the straight-through gradient."""
+"""INT4 fake QAT (miles, docs/numerics.md section 9): worked groups and the straight-through gradient."""
 
 from __future__ import annotations
 

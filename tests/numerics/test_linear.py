@@ -1,4 +1,4 @@
-"""The emulated TE Linear: each GEMM reads the right operand copies (numerics.md section 1)."""
+"""The emulated TE Linear: each GEMM reads the right operand copies (docs/numerics.md section 1)."""
 
 from __future__ import annotations
 
@@ -262,7 +262,7 @@ def test_tensorwise_quantizes_bf16_norm_output(monkeypatch):
 
 
 def test_residual_stream_and_norm_parameters_hold_bf16_values():
-    from harness.model import bf16_values
+    from harness.model.gpt import bf16_values
 
     cfg = compose_cfg("model=gpt_tiny", "recipe=bf16", "backend=emulated", "logger=none")
     model = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()

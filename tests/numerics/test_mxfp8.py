@@ -1,4 +1,4 @@
-"""MXFP8: an independent per-block oracle (numerics.md section 5, TE's float_to_e8m0 and
+"""MXFP8: an independent per-block oracle (docs/numerics.md section 5, TE's float_to_e8m0 and
 exp2f_rcp) and worked cases: E8M0 round-up, zero blocks, NaN/Inf, subnormal scales, ties."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def oracle_block(block: np.ndarray, fmax: float, dtype) -> tuple[list[int], int]
     finite = block[~np.isnan(block)]
     amax = np.float32(np.max(np.abs(finite))) if finite.size else np.float32(0)
     e = oracle_e8m0(np.float32(amax * np.float32(1.0 / fmax)))
-    scale = NAN if e == 255 else math.ldexp(1.0, 127 - e)  # numerics.md section 5: 2^(127-e)
+    scale = NAN if e == 255 else math.ldexp(1.0, 127 - e)  # docs/numerics.md section 5: 2^(127-e)
     scaled = torch.from_numpy((block.astype(np.float32) * np.float32(scale)).astype(np.float32))
     q = scaled.clamp(-fmax, fmax).to(dtype)
     return q.view(torch.uint8).tolist(), e

@@ -3,7 +3,7 @@
 The oracle below is a small port of transformer_engine/pytorch/custom_recipes/reference_nvfp4.py
 (TE's own bit-exact reference of its kernels): cast_to_fp4x2, the 1x16/16x16 block quantization
 with the kernel's fl32(S_enc * fl32(1/6)) multiplier, and the fixed-sign Hadamard transform.
-Its scalar/tensor divisions are written tensor/tensor (numerics.md's division trap).
+Its scalar/tensor divisions are written tensor/tensor (docs/numerics.md's division trap).
 """
 
 from __future__ import annotations

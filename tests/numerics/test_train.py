@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.backends import build_backend
-from harness.loss import loss_fn
+from harness.model.loss import loss_fn
 from harness.train import backend_spec
 from tests.helpers import compose_cfg
 

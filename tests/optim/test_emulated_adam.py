@@ -1,4 +1,4 @@
-"""PrecisionAwareAdamW against torch's AdamW, hand computations of numerics.md §8, and tiny trainings
+"""PrecisionAwareAdamW against torch's AdamW, hand computations of docs/numerics.md §8, and tiny trainings
 (the state encodings' exact tests: tests/numerics/test_adam_states.py)."""
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ BASE = [*TINY, "backend=emulated", "hardware=cpu", "optimizer.clip_grad=0", "log
 
 
 def _trainer(tmp_path, *extra):
-    from harness.config import load
     from harness.train import Trainer
+    from harness.validation import load
 
     return Trainer(load([*BASE, *extra]), tmp_path)
 
@@ -89,55 +89,3 @@ def test_step_in_backward_after_a_state_dict_round_trip(tmp_path):
         inside.train_step(step)
     for (n, p), (_, q) in zip(after.model.named_parameters(), inside.model.named_parameters()):
         assert torch.equal(p, q), n
-
-
-def test_after_update_sees_each_parameter_once_updated(tmp_path):
-    """A backend's after_update (the FP8 weight recast of quantize_weights_in_backward) runs once per
-    parameter per step, after that parameter's update: it sees the step's final value."""
-    trainer = _trainer(tmp_path, "optimizer.step_in_backward=true")
-    stepper = trainer.optimizer.in_backward
-    seen: dict = {}
-    stepper.after_update = lambda p: seen.setdefault(p, []).append(p.detach().clone())
-    trainer.train_step(0)
-    params = list(trainer.model.parameters())
-    assert len(seen) == len(params) and all(len(v) == 1 for v in seen.values())
-    for p in params:
-        assert torch.equal(seen[p][0], p), "after_update ran before the parameter's update"
-
-
-def test_quantize_weights_in_backward_needs_the_step_in_backward():
-    msg = error_of(*BASE, "optimizer.quantize_weights_in_backward=true")
-    assert msg == (
-        "optimizer.quantize_weights_in_backward=true works through the step in backward: "
-        "set optimizer.step_in_backward=true"
-    )
-
-
-TE_SIB = [*TINY, "backend=te", "hardware=h200", "backend.te_version=2.20.2", "optimizer=bf16_params"]
-TE_SIB += ["optimizer.step_in_backward=true"]
-
-
-@pytest.mark.parametrize(
-    ("extra", "needle"),
-    [
-        (["recipe=delayed"], "backend=te recipe=delayed: it caches TE's current-scaling weight casts"),
-        (["recipe=bf16"], "backend=te recipe=bf16: it caches"),
-        (["recipe=mxfp8", "hardware=b200"], "recipe=mxfp8"),
-        (
-            ["recipe=tensorwise", "+stability.overrides=[{pattern: 'blocks.0.*', recipe: delayed}]"],
-            "recipe=tensorwise (and delayed)",
-        ),
-    ],
-)
-def test_quantize_weights_in_backward_needs_current_scaling(extra, needle):
-    msg = error_of(*TE_SIB, "optimizer.quantize_weights_in_backward=true", *extra)
-    assert msg.startswith("optimizer.quantize_weights_in_backward=true with ") and needle in msg
-    assert msg.endswith("with a tensorwise recipe (Float8CurrentScaling) in every quantized block")
-
-
-def test_quantize_weights_in_backward_is_valid_on_tensorwise():
-    from harness.config import load
-
-    for recipe in ("tensorwise", "tensorwise_fastacc"):
-        cfg = load([*TE_SIB, f"recipe={recipe}", "optimizer.quantize_weights_in_backward=true"])
-        assert cfg.optimizer.quantize_weights_in_backward

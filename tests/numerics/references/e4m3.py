@@ -1,4 +1,4 @@
-"""An independent E4M3 encoder for the exact tests of the optimizer-state encodings (numerics.md
+"""An independent E4M3 encoder for the exact tests of the optimizer-state encodings (docs/numerics.md
 section 8): saturate to 448, nearest E4M3 value, ties to the even code. No lowp code is used."""
 
 from __future__ import annotations

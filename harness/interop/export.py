@@ -1,0 +1,267 @@
+"""A run's weights as a Hugging Face checkpoint: BF16, FP8 block-scaled, or INT4 group-wise.
+
+    python -m harness.export RUN_DIR --format hf|hf-fp8|hf-int4 --out DIR
+
+The model config comes from RUN_DIR/run.json, the weights from its checkpoint (either backend's
+parameter names). The architecture must be one transformers has: RMSNorm + SwiGLU + RoPE, written
+as `LlamaForCausalLM`, `Qwen2ForCausalLM` (QKV-only bias) or `Qwen3ForCausalLM` (QK norm).
+
+- `hf`: every tensor in BF16 (lowp's fp32 masters rounded, as TE's bf16 weights hold them).
+- `hf-fp8`: each block linear's weight as E4M3 codes plus a float32 `weight_scale_inv` per 128x128
+  tile (dequantized = code * scale_inv), with `quantization_config` {quant_method: fp8,
+  weight_block_size: [128, 128]}: the layout of DeepSeek-V3 and Qwen3-FP8 releases. The codes and
+  scales are lowp's blockwise quantizer's (harness.numerics.blockwise, 128x128 tiles, the recipe's
+  power-of-two scales) applied to each HF weight matrix in BF16, so the dequantized weights equal
+  that quantizer's output bit for bit.
+- `hf-int4`: compressed-tensors' `pack-quantized` format: `weight_packed` (int32, eight 4-bit
+  values offset by 8 per word, first value in the low bits), `weight_scale` (float32, one per group
+  of `group_size` inputs) and `weight_shape`; symmetric, no zero point. Codes and scales are lowp's
+  INT4 fake-quant (harness.numerics.int4, values in [-7, 7]); float32 scales keep the dequantized
+  bf16(q * s) equal to lowp's W_hat bit for bit.
+Embeddings, norms and the LM head stay BF16 in every format (as in miles' converters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from harness import recipes
+from harness.config.schema import ModelConfig
+from harness.interop.hf_weights import lowp_to_hf
+
+FORMATS = ("hf", "hf-fp8", "hf-int4")
+QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FP8_BLOCK = 128
+
+
+class ExportError(ValueError):
+    """A run that cannot be exported as asked: one line, exit code 2."""
+
+
+# ---- reading a run ---------------------------------------------------------------------------------
+
+
+def run_config(run_dir: Path) -> dict:
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise ExportError(f"{run_dir}: no run.json; give a lowp run directory")
+    return json.loads(path.read_text())["config"]
+
+
+def run_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of the run's newest usable checkpoint (harness.lifecycle.checkpoint: DCP tensors and
+    a JSON tree, nothing unpickled), under the emulated GPT's names, which both backends write."""
+    from harness.lifecycle import checkpoint as ckpt
+
+    found = ckpt.load_latest(run_dir)
+    if found is None:
+        raise ExportError(
+            f"{run_dir}: no usable checkpoint under checkpoints/; train with checkpoint_interval>=0 "
+            "(the default writes one every 10% of the steps and at the end)"
+        )
+    return {k: v for k, v in found[2]["model"].items() if isinstance(v, torch.Tensor)}
+
+
+# ---- the HF config ---------------------------------------------------------------------------------
+
+
+def hf_config(m: ModelConfig, run_dir: Path):
+    """The transformers config of the run's architecture (refused if transformers has none)."""
+    import transformers
+
+    if (m.normalization, m.activation, m.position_embedding) != ("RMSNorm", "swiglu", "rope"):
+        raise ExportError(
+            f"{run_dir}: model {m.name} is {m.normalization}/{m.activation}/{m.position_embedding}; "
+            "Hugging Face export needs RMSNorm/swiglu/rope (a Llama or Qwen style model)"
+        )
+    heads = m.num_attention_heads
+    kw = dict(
+        hidden_size=m.hidden_size,
+        intermediate_size=m.ffn_hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=m.num_query_groups or heads,
+        head_dim=m.kv_channels or m.hidden_size // heads,
+        vocab_size=m.vocab_size,
+        max_position_embeddings=m.seq_length,
+        rms_norm_eps=m.layernorm_epsilon,
+        rope_theta=m.rotary_base,
+        tie_word_embeddings=not m.untie_embeddings_and_output_weights,
+        initializer_range=m.init_method_std,
+        torch_dtype="bfloat16",
+    )
+    if m.rope_scaling:  # Llama 3.1's, the one rope_type lowp implements besides the plain one
+        kw["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": m.rope_scaling_factor,
+            "low_freq_factor": m.rope_low_freq_factor,
+            "high_freq_factor": m.rope_high_freq_factor,
+            "original_max_position_embeddings": m.rope_original_max_position_embeddings,
+        }
+    if m.add_qkv_bias and not m.add_bias_linear:
+        if m.qk_layernorm:
+            raise ExportError(f"{run_dir}: QKV-only bias with QK norm has no transformers architecture")
+        return transformers.Qwen2Config(**kw), "Qwen2ForCausalLM"
+    if m.qk_layernorm:
+        return transformers.Qwen3Config(**kw, attention_bias=m.add_bias_linear), "Qwen3ForCausalLM"
+    bias = m.add_bias_linear
+    return transformers.LlamaConfig(**kw, attention_bias=bias, mlp_bias=bias), "LlamaForCausalLM"
+
+
+# ---- quantized layouts -----------------------------------------------------------------------------
+
+
+def fp8_block(w: torch.Tensor, power_2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E4M3 codes in w's shape, float32 scale_inv per 128x128 tile) from lowp's quantizer."""
+    from harness.numerics.blockwise import quantize_blockwise
+    from harness.numerics.formats import E4M3
+
+    q = quantize_blockwise(w.to(torch.bfloat16), E4M3, tile_2d=True, power_2=power_2)
+    rows, cols = -(-w.shape[0] // FP8_BLOCK), -(-w.shape[1] // FP8_BLOCK)
+    codes = q.data if q.data.dtype == torch.float8_e4m3fn else q.data.view(torch.float8_e4m3fn)
+    return codes.contiguous(), q.dec[:rows, :cols].float().contiguous()
+
+
+def fp8_dequantize(codes: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """The reader's side (DeepSeek-V3's weight_dequant): fp32(code) * scale_inv of its tile."""
+    s = scale_inv.repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)
+    return codes.float() * s[: codes.shape[0], : codes.shape[1]]
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """int values in [-8, 7] (out, in) -> int32 (out, ceil(in/8)): compressed-tensors' pack_to_int32."""
+    rows, cols = q.shape
+    pad = -cols % 8
+    u = torch.nn.functional.pad(q.to(torch.int32) + 8, (0, pad)).view(rows, -1, 8)
+    shifts = torch.arange(8, dtype=torch.int32) * 4
+    return (u << shifts).sum(dim=2, dtype=torch.int64).to(torch.int32)  # wraps to int32 bit patterns
+
+
+def unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    shifts = torch.arange(8, dtype=torch.int32) * 4
+    u = (packed.unsqueeze(-1) >> shifts) & 0xF
+    return (u.reshape(packed.shape[0], -1)[:, :cols] - 8).to(torch.int8)
+
+
+def int4_group(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes in [-7, 7], float32 scales (out, in/group)) from lowp's INT4 fake-quant."""
+    from harness.numerics.int4 import quantize_int4
+
+    q = quantize_int4(w.to(torch.bfloat16), group)
+    return q.data, q.scale.float().contiguous()
+
+
+def int4_dequantize(packed, scale, shape, group: int) -> torch.Tensor:
+    """The reader's side: bf16(code * scale) per group (compressed-tensors' dequantize, fp32 scale)."""
+    q = unpack_int4(packed, int(shape[1])).float()
+    s = scale.repeat_interleave(group, 1)[:, : q.shape[1]]
+    return (q * s).to(torch.bfloat16)
+
+
+def _quantizable(name: str) -> bool:
+    return name.endswith(".weight") and name.split(".")[-2] in QUANTIZED
+
+
+def quantize_state(hf_sd: dict, fmt: str, power_2: bool, group: int) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in hf_sd.items():
+        if fmt == "hf" or not _quantizable(name):
+            out[name] = t.to(torch.bfloat16).contiguous()
+            continue
+        base = name[: -len(".weight")]
+        if fmt == "hf-fp8":
+            out[name], out[base + ".weight_scale_inv"] = fp8_block(t, power_2)
+        else:
+            codes, scale = int4_group(t, group)
+            out[base + ".weight_packed"] = pack_int4(codes)
+            out[base + ".weight_scale"] = scale
+            out[base + ".weight_shape"] = torch.tensor(list(t.shape), dtype=torch.int64)
+    return out
+
+
+def quantization_config(fmt: str, group: int) -> dict | None:
+    if fmt == "hf-fp8":
+        return {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+            "modules_to_not_convert": ["lm_head"],
+        }
+    if fmt == "hf-int4":
+        weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
+        weights |= {"group_size": group, "dynamic": False, "observer": "minmax", "actorder": None}
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": weights,
+                    "input_activations": None,
+                    "output_activations": None,
+                }
+            },
+            "ignore": ["lm_head"],
+        }
+    return None
+
+
+def export(
+    run_dir: str, fmt: str, out: str, group_size: int | None = None, fp32_scales: bool | None = None
+) -> dict:
+    """Write the checkpoint; returns a summary (format, tensors, bytes)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"--format={fmt}: unknown; use one of {', '.join(FORMATS)}")
+    rd = Path(run_dir)
+    cfg = run_config(rd)
+    m = ModelConfig(**cfg["model"])
+    hf_cfg, arch = hf_config(m, rd)
+    recipe = cfg.get("recipe", {})
+    group = group_size or recipe.get("int4_group_size", 128)
+    # the blockwise recipe's preset scales (power-of-two, TE's Float8BlockScaling default) unless asked
+    power_2 = recipes.default_fields("blockwise").power_2_scales if fp32_scales is None else not fp32_scales
+    sd = lowp_to_hf(run_weights(rd), m)
+    tensors = quantize_state(sd, fmt, power_2, group)
+    hf_cfg.architectures = [arch]
+    qc = quantization_config(fmt, group)
+    if qc is not None:
+        hf_cfg.quantization_config = qc
+    os.makedirs(out, exist_ok=True)
+    from safetensors.torch import save_file
+
+    tmp = Path(out) / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, Path(out) / "model.safetensors")
+    hf_cfg.save_pretrained(out)
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    return {"format": fmt, "architecture": arch, "tensors": len(tensors), "bytes": size, "out": out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.export", description=__doc__.split("\n")[0])
+    p.add_argument("run_dir", help="a lowp run directory (run.json + checkpoints/)")
+    p.add_argument("--format", default="hf", help="hf (BF16), hf-fp8 (128x128 E4M3) or hf-int4")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--group-size", type=int, default=None, help="hf-int4 group (default: the run's)")
+    p.add_argument("--fp32-scales", action="store_true", default=None, help="hf-fp8: scales not powers of 2")
+    a = p.parse_args(argv)
+    try:
+        res = export(a.run_dir, a.format, a.out, a.group_size, a.fp32_scales)
+    except ExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    mib = res["bytes"] / 2**20
+    print(f"{res['format']}: {res['architecture']}, {res['tensors']} tensors, {mib:.1f} MiB -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Which recipe each module runs: the recipe, minus first/last BF16 blocks, plus per-module overrides.
+
+Pure and shared by both backends, so the emulated and TE models quantize the same modules.
+The LM head, embeddings, norms and attention are never quantized (docs/numerics.md section 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from harness import recipes
+from harness.config.schema import ModelConfig, ModuleOverride, RecipeConfig, StabilityConfig
+
+_LAYER = re.compile(r"^blocks\.(\d+)\.")
+
+
+def layer_index(name: str) -> int | None:
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _assigned(recipe: RecipeConfig) -> RecipeConfig | None:
+    """None for the recipe without a quantizer scheme (the BF16 baseline), else the recipe."""
+    return None if recipes.get(recipe.name).scheme is None else recipe
+
+
+def bf16_layers(stability: StabilityConfig, num_layers: int) -> set[int]:
+    """Block indices kept out of the quantized autocast (Megatron --first-last-layers-bf16)."""
+    if not stability.first_last_layers_bf16:
+        return set()
+    start, end = stability.num_layers_at_start_in_bf16, stability.num_layers_at_end_in_bf16
+    return {i for i in range(num_layers) if i < start or i >= num_layers - end}
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    recipe: RecipeConfig
+    stability: StabilityConfig
+    model: ModelConfig
+
+    def recipe_for(self, name: str) -> RecipeConfig | None:
+        """The recipe of module `name`, or None where it runs unquantized (BF16)."""
+        if name == "lm_head" or layer_index(name) is None:
+            return None
+        chosen = _assigned(self.recipe)
+        if layer_index(name) in bf16_layers(self.stability, self.model.num_layers):
+            chosen = None
+        for ov in self.stability.overrides:
+            if fnmatch.fnmatchcase(name, ov.pattern):
+                chosen = _assigned(self._override_recipe(ov))
+        return chosen
+
+    def _override_recipe(self, ov: ModuleOverride) -> RecipeConfig:
+        """The override's full recipe, as resolved when the config was loaded; for a bare plan, the
+        run's own recipe where it names the run's, else the registry's preset, with its fields."""
+        if ov.resolved is not None:
+            return ov.resolved
+        base = self.recipe if ov.recipe == self.recipe.name else recipes.default_fields(ov.recipe)
+        return dataclasses.replace(base, **ov.fields)
+
+    def quantized_modules(self, names: list[str]) -> dict[str, str]:
+        """name -> recipe name (the BF16 baseline's where unquantized), for run.json."""
+        return {n: (r.name if (r := self.recipe_for(n)) is not None else recipes.BASELINE) for n in names}

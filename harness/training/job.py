@@ -1,0 +1,238 @@
+"""One run in its run directory: `run(cfg, run_dir) -> Summary` is the testable core of the entry
+point. It takes the run lock, agrees with the other ranks where the run starts, opens the tracker,
+builds the Trainer, fits, and writes the summary on every way out (atomic, also on failure)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness import recipes
+from harness.backends import resolve_backend_name
+from harness.backends.hardware import device_for
+from harness.config.errors import ConfigError
+from harness.config.schema import Config
+from harness.lifecycle import artifacts as A
+from harness.lifecycle import checkpoint as ckpt
+from harness.lifecycle import resume as R
+from harness.lifecycle.artifacts import NullWriter, RunWriter, Summary, provenance
+from harness.lifecycle.loggers import NullLogger, open_logger, sweep_group, wandb_config
+from harness.lifecycle.runlock import RunDirLocked, RunLock
+from harness.lifecycle.signals import StopRequest
+from harness.parallel import agree
+from harness.parallel import process as D
+from harness.parallel.agree import RankFailed
+from harness.training.trainer import Trainer, variant
+from harness.validation import prepare
+
+log = logging.getLogger("lowp")
+
+USER_ERRORS = (ConfigError, RunDirLocked, ckpt.CheckpointError, OSError)
+"""Errors of the user's setup, not of lowp: one line, no traceback, exit code 2 (config) or 1."""
+
+
+def run(
+    cfg: Config, run_dir: Path, stop: StopRequest | None = None, resume_command: str | None = None
+) -> Summary:
+    """Train (or resume) and write one complete run directory; returns its summary.
+
+    `cfg` comes from `harness.validation.load` (or a composed Config: it is prepared here the same way,
+    hardware resolved, stability overrides resolved, validated) before anything is written. One
+    process at a time writes a run dir (RunLock); with a checkpoint there and resume=auto|must the run
+    continues from it; a failure is recorded in summary.json and error.txt, then re-raised.
+
+    Under torchrun or Slurm tasks every rank calls this: the process group starts here (after
+    validation), rank 0's run dir is everyone's, and only rank 0 writes run.json, metrics and W&B."""
+    config_warnings: list[str] = []
+    cfg = prepare(cfg, warnings_out=config_warnings)
+    p = cfg.parallel
+    dist = D.setup(p.strategy, p.backend, p.timeout_s, device_for(cfg.hardware))
+    try:
+        run_dir = agree.shared_run_dir(dist, Path(run_dir))
+        if not dist.is_main:
+            logging.getLogger("lowp").setLevel(logging.WARNING)  # rank 0 speaks for the job
+        return _run(cfg, run_dir, stop, resume_command, config_warnings, dist)
+    finally:
+        D.teardown(dist)
+
+
+def _run(
+    cfg: Config, run_dir: Path, stop, resume_command, config_warnings: list[str], dist: D.Dist
+) -> Summary:
+    lock = RunLock(run_dir) if dist.is_main else contextlib.nullcontext()
+    with agree.agreed(dist, lock, refused=RunDirLocked):
+        found = agree.agreed_start(
+            dist,
+            lambda: R.resume_point(cfg.resume, run_dir, asdict(cfg)),
+            lambda path: (path, *ckpt.load_one(path)),
+        )
+        previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
+        if found and dist.is_main:
+            dropped = R.truncate_rows(run_dir, found[1])
+            log.info("resuming %s from %s (rows dropped after its step: %s)", run_dir, found[0].name, dropped)
+        backend_name = resolve_backend_name(cfg.backend.name, cfg.recipe.name)
+        summary = Summary(
+            recipe=cfg.recipe.name,
+            recipe_label=recipes.label(cfg.recipe),
+            variant=variant(cfg),
+            hardware=cfg.hardware.name,
+            model=cfg.model.name,
+            data=cfg.data.name,
+            seed=cfg.seed,
+        )
+        config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+        tracker = (
+            open_logger(
+                cfg.logger,
+                run_dir=run_dir,
+                name=cfg.name or f"{recipes.label(cfg.recipe)} s{cfg.seed}",
+                group=sweep_group(run_dir),
+                job_type=cfg.recipe.name,
+                tags=[cfg.recipe.name, recipes.label(cfg.recipe), backend_name, variant(cfg)],
+                config=config,
+                run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
+            )
+            if dist.is_main
+            else contextlib.nullcontext(NullLogger())
+        )
+        with tracker as logger:
+            job = _Job(cfg, run_dir, summary, config, logger, stop or StopRequest(), found, previous, dist)
+            return job.train(resume_command, config_warnings)
+
+
+class _Job:
+    """One attempt of one run: what `run` opened, handed to the trainer."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        summary: Summary,
+        config: dict,
+        logger,
+        stop,
+        found,
+        previous,
+        dist=D.SINGLE,
+    ):
+        self.cfg, self.run_dir, self.summary, self.config, self.logger = cfg, run_dir, summary, config, logger
+        self.stop, self.found, self.previous, self.dist = stop, found, previous, dist
+
+    agreed = False
+
+    def _agree(self, failed: bool) -> None:
+        """Every rank's way out, once: a rank that failed outside a collective (an eval, the last
+        step's summary) would leave the others reporting success. Failing ranks take part too
+        (their peers may be gone already: then there is nothing to agree with)."""
+        if not self.dist.active or self.agreed:
+            return
+        self.agreed = True
+        if agree.any_failed(self.dist, failed) and not failed:
+            first = A.first_rank_failure(self.run_dir)
+            raise RankFailed(f"another rank failed: {first[1] if first else 'see its error.rank*.txt'}")
+
+    def train(self, resume_command: str | None, config_warnings: list[str]) -> Summary:
+        """Build the trainer, fit, and write the summary on every way out (atomic, also on failure)."""
+        cfg, run_dir, summary, logger, found = self.cfg, self.run_dir, self.summary, self.logger, self.found
+        dist = self.dist
+        writer = RunWriter(run_dir, append=found is not None) if dist.is_main else NullWriter()
+        try:
+            trainer = Trainer(cfg, run_dir, writer, logger, self.stop, dist)
+        except (
+            ValueError
+        ) as exc:  # bad data path, vocab, unsupported recipe: config problems, before any work
+            raise ConfigError(str(exc)) from exc
+        t0 = time.perf_counter()
+        try:
+            if found:
+                trainer.load_state_dict(found[2], summary)
+            summary.backend = trainer.backend.name
+            run_json = _run_json(self.config, cfg, trainer, self.previous, found[1] if found else None)
+            run_json["config_warnings"] = config_warnings  # printed once at validation; kept for the report
+            logger.update_config(wandb_config(run_json))  # filterable resolved.* keys (backend that ran, TE)
+            writer.write_run({**run_json, "wandb": logger.describe()})
+            log.info(
+                "run dir %s  (backend=%s, recipe=%s, hardware=%s)",
+                run_dir,
+                trainer.backend.name,
+                cfg.recipe.name,
+                cfg.hardware.name,
+            )
+            if resume_command:
+                log.info("to resume this run: %s", resume_command)
+                trainer.resume_hint = f"resume with: {resume_command}"
+            if trainer.start_step >= cfg.steps:
+                summary.status = A.COMPLETED
+                log.info("run %s is already complete (step %d)", run_dir, trainer.start_step)
+            else:
+                trainer.fit(summary)
+            trainer.finalize(summary)
+            self._agree(failed=False)
+            summary.wall_time_s = time.perf_counter() - t0
+            if summary.status == A.PREEMPTED:
+                logger.mark_preempting()
+            logger.summary(asdict(summary))
+        except BaseException as exc:  # noqa: BLE001 - the summary must say how the run ended, then re-raise
+            summary.status = A.PREEMPTED if isinstance(exc, KeyboardInterrupt) else A.FAILED
+            summary.error = f"{type(exc).__name__}: {exc}".strip()
+            writer.error(f"{summary.error}\n\n{traceback.format_exc()}")
+            if dist.active:
+                A.write_rank_failure(run_dir, dist.rank, summary.error, traceback.format_exc())  # first
+                self._agree(failed=True)
+                _rank_failed(run_dir, dist, summary)
+            where = "" if isinstance(exc, USER_ERRORS) else f" (traceback in {run_dir}/error.txt)"
+            log.error("run %s: %s%s", summary.status, summary.error, where)
+            raise
+        finally:
+            summary.wall_time_s = time.perf_counter() - t0
+            writer.summary(summary)
+            writer.close()
+        return summary
+
+
+def _rank_failed(run_dir: Path, dist: D.Dist, summary: Summary) -> None:
+    """Several ranks (this rank's failure recorded): name the earliest failing rank in the summary
+    (the others' errors are its consequences: a closed connection, a collective's timeout), and
+    write summary.json from this rank too unless it is rank 0 (which writes it anyway): the
+    launcher may kill rank 0 before it gets there."""
+    first = A.first_rank_failure(run_dir) or (dist.rank, summary.error)
+    summary.failed_rank = first[0]
+    summary.error = f"rank {first[0]} of {dist.world}: {first[1]}"
+    if not dist.is_main:
+        A.write_json_atomic(
+            Path(run_dir) / "summary.json", asdict(summary)
+        )  # not RunWriter: it opens metrics
+
+
+def _run_json(
+    config: dict, cfg: Config, trainer: Trainer, previous: dict | None, resumed_from: int | None
+) -> dict:
+    prov = provenance(
+        backend=trainer.backend.describe(),
+        hardware=cfg.hardware.name,
+        seed=cfg.seed,
+        data=trainer.data.describe(),
+        device=trainer.device,
+    )
+    prov.update(
+        recipe_label=recipes.label(cfg.recipe),
+        init=trainer.init,
+        params=trainer.params,
+        flops_per_token=trainer.flops_per_token,
+        tokens_per_step=trainer.tokens_per_step,
+        grad_accumulation=trainer.accum,
+        parallel=trainer.parallel.describe(),
+    )
+    attempts = (previous or {}).get("attempts", []) + [R.attempt(resumed_from)]
+    return {
+        "config": config,
+        "provenance": prov,
+        "wandb": None,
+        "attempts": attempts,
+    }

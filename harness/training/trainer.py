@@ -1,0 +1,391 @@
+"""The training loop of one run: `Trainer` owns the run's objects (data, backend, model, optimizer,
+parallel strategy, metrics), steps them and writes their rows; `fit()` returns the summary.
+
+Built from a loaded config (`harness.validation.load`); `harness.training.job.run` wraps it in a
+run directory, and benchmarks time its `train_step` alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import signal
+import time
+from contextlib import ExitStack
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from harness import recipes
+from harness.backends import BackendSpec, build_backend, resolve_backend_name
+from harness.backends.hardware import device_for
+from harness.config.schema import Config, ModelConfig
+from harness.data import build_data
+from harness.lifecycle import artifacts as A
+from harness.lifecycle import checkpoint as ckpt
+from harness.lifecycle import metrics as M
+from harness.lifecycle.artifacts import NullWriter, RunWriter, Summary, restore_rng, rng_state
+from harness.lifecycle.divergence import DivergenceMonitor
+from harness.lifecycle.loggers import NullLogger
+from harness.lifecycle.memory import SavedTensors, breakdown
+from harness.lifecycle.signals import StopRequest
+from harness.model.gpt import count_params, flops_per_token
+from harness.numerics import telemetry as T
+from harness.optim import clip_grad, lr_at, set_lr
+from harness.parallel import process as D
+from harness.parallel.strategies import parallelize
+
+log = logging.getLogger("lowp")
+
+
+def checkpoint_interval(cfg: Config) -> int:
+    """Steps between checkpoints: null protects a real run with one every 10% of its steps."""
+    if cfg.checkpoint_interval is None:
+        return max(1, math.ceil(cfg.steps / 10))
+    return cfg.checkpoint_interval
+
+
+def variant(cfg: Config) -> str:
+    return f"{cfg.stability.name}+{cfg.optimizer.name}"
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def backend_spec(cfg: Config) -> BackendSpec:
+    """The slices of `cfg` a backend is built from (backend=auto resolved here)."""
+    return BackendSpec(
+        name=resolve_backend_name(cfg.backend.name, cfg.recipe.name),
+        recipe=cfg.recipe,
+        stability=cfg.stability,
+        model=cfg.model,
+        optimizer=cfg.optimizer,
+        seed=cfg.seed,
+        options=cfg.backend,
+    )
+
+
+def init_weights(model: torch.nn.Module, path: str, model_cfg: ModelConfig) -> dict:
+    """init_from: the model's weights from a Hugging Face checkpoint, before the optimizer copies
+    them into its masters."""
+    from harness.interop.hf_weights import init_from_hf
+
+    return init_from_hf(model, path, model_cfg)
+
+
+class Trainer:
+    """Owns one run's objects; `fit()` runs the loop and returns the summary.
+
+    `cfg` is a loaded config (`harness.validation.load`); `writer` receives the run directory's rows and
+    `logger` the tracker's (both null sinks when left out: a benchmark timing `train_step` alone)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        writer: RunWriter | None = None,
+        logger=None,
+        stop: StopRequest | None = None,
+        dist: D.Dist | None = None,
+    ):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.dist = dist or D.SINGLE
+        self.stop = stop or StopRequest()  # set by a signal: checkpoint and stop at the step boundary
+        self.start_step = 0
+        self.saved_bytes: int | None = None  # autograd's saved-for-backward bytes, counted on one step
+        self.checkpoint_interval = checkpoint_interval(cfg)
+        self.divergence = DivergenceMonitor(cfg.divergence)
+        self.writer = writer if writer is not None else NullWriter()
+        self.logger = logger if logger is not None else NullLogger()
+        self.device = device_for(cfg.hardware)
+        if self.device.type == "cuda" and self.dist.active:
+            # ranks beyond the GPU count share them (gloo tests on one GPU); NCCL needs one GPU each
+            self.device = torch.device("cuda", self.dist.launch.local_rank % torch.cuda.device_count())
+        seed_everything(cfg.seed)  # the same seed on every rank: the same initial weights
+        self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
+        self.backend = build_backend(backend_spec(cfg), self.device)
+        self.backend.data_parallel_size = self.dist.world
+        self.model = self.backend.build_model()
+        self.init = init_weights(self.model, cfg.init_from, cfg.model) if cfg.init_from else None
+        self.parallel = parallelize(self.model, self.backend, cfg.parallel, self.dist)
+        self.optimizer = self.parallel.build_optimizer(self.model, cfg.optimizer)
+        self.backend.prepare(self.model, self.optimizer)
+        self.accum = cfg.global_batch_size // (cfg.micro_batch_size * self.dist.world)
+        self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
+        n = count_params(self.model)
+        self.flops_per_token = flops_per_token(cfg.model, n["non_embedding"])
+        self.params = n
+        self.batches = self.data.train_batches(
+            cfg.micro_batch_size, seed=cfg.seed, rank=self.dist.rank, world=self.dist.world
+        )
+        self.micro_batches_seen = 0
+        self.eval_set = self.data.eval_batches(cfg.eval_tokens, cfg.micro_batch_size)
+        self.metrics = M.MetricsProcessor(
+            device=self.device,
+            tokens_per_step=self.tokens_per_step,
+            flops_per_token=self.flops_per_token,
+            peak_tflops=self._peak("bf16"),
+            log_interval=cfg.log_interval,
+            dist=self.dist,
+        )
+
+    def _peak(self, dtype: str) -> float | None:
+        return (self.cfg.hardware.peak_tflops or {}).get(dtype)
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = next(self.batches)
+        self.micro_batches_seen += 1
+        if self.device.type == "cuda":  # pinned, so the copy is async: no host sync in the timed step
+            x, y = x.pin_memory(), y.pin_memory()
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """Forward/backward over the accumulation window and one optimizer step; returns tensors."""
+        lr = lr_at(step, self.cfg.optimizer, self.cfg.steps)
+        set_lr(self.optimizer, lr)
+        telemetry = self.cfg.telemetry_interval > 0 and step % self.cfg.telemetry_interval == 0
+        total = torch.zeros((), device=self.device)
+        scale = self.parallel.loss_divisor(self.accum)  # the micro-batch's share of the global mean
+        logs = self.metrics.should_log(step, self.cfg.steps - 1)
+        stepper = self.optimizer.in_backward  # optimizer.step_in_backward: backward steps each param
+        if stepper is not None:
+            stepper.begin(want_norm=logs)
+        for micro in range(self.accum):
+            self.backend.microbatch(micro, self.accum)
+            self.parallel.before_backward(micro, self.accum)
+            x, y = self._next_batch()
+            with ExitStack() as stack:
+                if self.saved_bytes is None and micro == 0:  # the summary's memory: counted once
+                    counter = stack.enter_context(SavedTensors(self.model.parameters()).counting())
+                rows = (
+                    stack.enter_context(self.backend.collect_telemetry())
+                    if telemetry and micro == 0
+                    else None
+                )
+                with self.backend.autocast():
+                    loss = self.model.loss(x, y) / scale
+                loss.backward()
+            if self.saved_bytes is None:
+                self.saved_bytes = counter.bytes
+            if rows:
+                self._log_telemetry(step, rows)
+            total += loss.detach()
+        self.backend.microbatch(None, self.accum)
+        self.parallel.reduce_gradients(self.optimizer)  # DDP: one SUM over the ranks per step
+        self.dist.sum_([total])  # the global batch's mean loss on every rank
+        if self.dist.fsdp:
+            total /= self.dist.world
+        if stepper is not None:
+            grad_norm = stepper.finish()
+        else:
+            # the norm costs a pass over every gradient: only when clipping needs it or this step logs it
+            clip = self.cfg.optimizer.clip_grad
+            grad_norm = clip_grad(self.optimizer, clip) if clip > 0 or logs else None
+            self.optimizer.step()
+        self.backend.after_optimizer_step(self.model)
+        self.optimizer.zero_grad()
+        return total, grad_norm, lr
+
+    def _log_telemetry(self, step: int, rows: list[dict]) -> None:
+        self.writer.numerics([{M.STEP: step + 1, **r} for r in rows])
+        flat = {M.STEP: step + 1, M.TOKENS: (step + 1) * self.tokens_per_step}
+        for r in rows:
+            for stat in T.STATS:
+                flat[f"{M.NUMERICS}/{r[T.LAYER]}/{r[T.TENSOR]}/{stat}"] = r.get(stat)
+        self.writer.metrics(flat)
+        self.logger.log(flat)
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        if not self.eval_set:
+            return None
+        losses = []
+        for x, y in self.eval_set:
+            with self.backend.autocast():
+                losses.append(self.model.loss(x.to(self.device), y.to(self.device)))
+        return torch.stack(losses).mean().item()
+
+    # -- checkpoints: each component's own state_dict, under one tree -----------------------------------
+    def _param_names(self) -> list[str]:
+        """Canonical names of the optimizer's parameters, in its order."""
+        names = {id(p): self.backend.canonical_name(n) for n, p in self.model.named_parameters()}
+        return [names[id(p)] for p in self.optimizer.params]
+
+    def state_dict(self, steps_done: int, summary: Summary) -> dict:
+        return {
+            "step": steps_done,
+            "config": asdict(self.cfg),
+            "model": self.backend.model_state_dict(self.model),
+            "optimizer": ckpt.key_by_name(self.optimizer.state_dict(), self._param_names()),
+            "backend": self.backend.state_dict(),
+            "data": self.batches.state_dict(),
+            "metrics": self.metrics.state_dict(),
+            "divergence": self.divergence.state_dict(),
+            "rng": rng_state(),
+            "summary": {
+                "final_train_loss": summary.final_train_loss,
+                "final_eval_loss": summary.final_eval_loss,
+            },
+        }
+
+    def load_state_dict(self, state: dict, summary: Summary) -> None:
+        """`state` holds whole tensors (a checkpoint of any world size): FSDP2 keeps its shards."""
+        self.backend.load_model_state_dict(self.model, self.parallel.localize_model(state["model"]))
+        optim = ckpt.key_by_index(state["optimizer"], self._param_names())
+        self.optimizer.load_state_dict(self.parallel.localize_optimizer(optim, self.optimizer.params))
+        self.backend.load_state_dict(state["backend"])
+        self.batches.load_state_dict(state["data"])
+        self.micro_batches_seen = self.batches.position
+        self.metrics.load_state_dict(state["metrics"])
+        self.divergence.load_state_dict(state["divergence"])
+        for key, value in state["summary"].items():
+            setattr(summary, key, value)
+        summary.steps, summary.tokens = state["step"], state["step"] * self.tokens_per_step
+        restore_rng(state["rng"])  # last: loading (TE's priming forward) must not move the RNGs
+        self.start_step = state["step"]
+
+    def checkpoint(self, step: int, summary: Summary) -> None:
+        t0 = time.perf_counter()
+        try:
+            path = ckpt.save(
+                self.run_dir,
+                step + 1,
+                self.state_dict(step + 1, summary),
+                self.cfg.checkpoint_keep,
+                **({"dist": self.dist, "sharded": self.dist.fsdp} if self.dist.active else {}),
+            )
+        except OSError as exc:
+            raise ckpt.CheckpointError(
+                f"cannot write checkpoint {step + 1} under {self.run_dir / ckpt.DIRNAME} "
+                f"({exc.strerror or exc}); "
+                "free space or make it writable and restart to resume (the earlier checkpoints are intact)"
+            ) from exc
+        log.info("checkpoint %s (%.2fs)", path, time.perf_counter() - t0)
+
+    def _due(self, interval: int, step: int) -> bool:
+        return interval > 0 and (step + 1) % interval == 0 and step + 1 < self.cfg.steps
+
+    def fit(self, summary: Summary) -> Summary:
+        cfg, t0 = self.cfg, time.perf_counter()
+        warm = min(cfg.bench_warmup_steps, max(cfg.steps - 1, 0))
+        interval = self.checkpoint_interval
+        for step in range(self.start_step, cfg.steps):
+            if step == warm and self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)  # peak of the steady state only
+            self.metrics.timer.start()
+            try:
+                loss, grad_norm, lr = self.train_step(step)
+            except FloatingPointError as exc:  # e.g. FP8 optimizer states poisoned by an all-zero moment
+                return self._diverged(summary, step, str(exc))
+            self.metrics.timer.stop(step)
+            self.metrics.record(step, loss, grad_norm, lr)
+            summary.steps, summary.tokens = step + 1, (step + 1) * self.tokens_per_step
+            if step in (0, cfg.steps - 1):  # TE: the recipe really ran; delayed scales really moved
+                self.backend.verify_active(self.model, step)
+            synced = saved = False
+            if self.metrics.should_log(step, cfg.steps - 1):  # a logged row syncs
+                row = self.metrics.row(step)
+                summary.final_train_loss = row[M.LOSS_TRAIN]
+                self._emit(row, t0)
+                cause = self.divergence.check(row)
+                if cause:
+                    return self._diverged(summary, step, cause)
+                synced = True
+            if self._due(cfg.eval_interval, step):
+                self._eval_row(step, summary)
+                synced = True
+            if self._due(interval, step):
+                self.checkpoint(step, summary)
+                synced = saved = True
+            if synced:
+                self.metrics.timer.cold.add(step + 1)
+            if (
+                self.dist.active
+                and self.dist.any(self.stop.requested, self.device)
+                and not self.stop.requested
+            ):
+                self.stop.signum = (
+                    signal.SIGTERM
+                )  # a signal reaches the ranks at different times: all stop here
+            if self.stop.requested and step + 1 < cfg.steps:
+                if not saved and interval >= 0:
+                    self.checkpoint(step, summary)
+                summary.status = A.PREEMPTED
+                log.warning("preempted after step %d/%d; %s", step + 1, cfg.steps, self.resume_hint)
+                return summary
+        self._eval_row(cfg.steps - 1, summary)
+        if interval >= 0:
+            self.checkpoint(cfg.steps - 1, summary)
+        summary.status = A.COMPLETED
+        return summary
+
+    resume_hint = "restart it in its run dir to resume"
+
+    def _diverged(self, summary: Summary, step: int, cause: str) -> Summary:
+        summary.status, summary.diverged_step, summary.divergence_cause = A.DIVERGED, step + 1, cause
+        log.warning("diverged at step %d: %s", step + 1, cause)
+        return summary
+
+    def _eval_row(self, step: int, summary: Summary) -> None:
+        loss = self.evaluate()
+        if loss is None:
+            return
+        summary.final_eval_loss = loss
+        row = {M.STEP: step + 1, M.TOKENS: (step + 1) * self.tokens_per_step, M.LOSS_EVAL: loss}
+        self.writer.metrics(row)
+        self.logger.log(row)
+        log.info("eval  step %d/%d  loss/eval %.4f", step + 1, self.cfg.steps, loss)
+
+    def _emit(self, row: dict, t0: float) -> None:
+        self.writer.metrics(row)
+        self.logger.log(row)
+        done = row[M.STEP]
+        eta = (time.perf_counter() - t0) / done * (self.cfg.steps - done)
+        tps = row.get(M.TOKENS_PER_S)
+        log.info(
+            "step %d/%d  loss %.4f  lr %.2e  %s tok/s  ETA %dm%02ds  %s",
+            done,
+            self.cfg.steps,
+            row[M.LOSS_TRAIN],
+            row[M.LR],
+            f"{tps:,.0f}" if tps else "-",
+            eta // 60,
+            eta % 60,
+            self.run_dir,
+        )
+
+    def finalize(self, summary: Summary) -> None:
+        """Throughput (median of steady-state steps), MFU and memory into the summary."""
+        cfg = self.cfg
+        ms = self.metrics.timer.median_ms(after_step=min(cfg.bench_warmup_steps, max(summary.steps - 1, 0)))
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        if peak is not None:
+            peak = int(self.dist.max_scalar(float(peak), self.device))  # the fullest rank
+        summary.loss_floor = self.data.loss_floor
+        summary.memory = breakdown(
+            self.model,
+            self.optimizer,
+            peak_bytes=peak,
+            saved_bytes=self.saved_bytes,
+        )  # this rank's (rank 0)
+        summary.peak_mem_gib = peak / 2**30 if peak is not None else None
+        summary.world_size = self.dist.world
+        if ms:
+            summary.step_time_ms = ms
+            summary.tokens_per_s = self.tokens_per_step / (ms / 1e3)
+            summary.tokens_per_s_per_gpu = summary.tokens_per_s / self.dist.world
+            spec = recipes.get(cfg.recipe.name)
+            summary.mfu_bf16_peak, summary.mfu_recipe_peak = M.summary_mfu(
+                summary.tokens_per_s_per_gpu * self.flops_per_token / 1e12,
+                bf16_peak=self._peak("bf16"),
+                recipe_peak=self._peak(spec.peak_dtype),
+                # emulated speed is not the recipe's speed: no MFU claimed for it
+                emulated=self.backend.emulates and spec.quantizes_gemms,
+            )
