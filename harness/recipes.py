@@ -308,13 +308,39 @@ FIELD_LABELS: dict[str, dict[Any, str]] = {
 _UNLABELLED = ("name", "quantizer_factory")
 
 
+_CURRENT, _BLOCK = "Float8CurrentScaling", "Float8BlockScaling"
+FIELD_SCOPE: dict[str, Any] = {
+    "fp8": lambda s: s.fp8_family or s.needs_factory,
+    "fp4": lambda s: s.fp4_family or s.needs_factory,
+    "fp8_amax_history_len": lambda s: s.delayed_scaling,
+    "fp8_amax_compute_algo": lambda s: s.delayed_scaling,
+    "power_2_scales": lambda s: s.te_recipe_class in (_CURRENT, _BLOCK),
+    "amax_epsilon": lambda s: s.te_recipe_class in (_CURRENT, _BLOCK),
+    "x_block_dim": lambda s: s.te_recipe_class == _BLOCK,
+    "w_block_dim": lambda s: s.te_recipe_class == _BLOCK,
+    "grad_block_dim": lambda s: s.te_recipe_class == _BLOCK,
+    "disable_rht": lambda s: s.fp4_family,
+    "disable_stochastic_rounding": lambda s: s.fp4_family,
+    "disable_2d_quantization": lambda s: s.fp4_family,
+    "int4_group_size": lambda s: s.hook == "int4_fake_quant",
+    "fp8_dpa": lambda s: s.fp8_family,
+    "fp8_mha": lambda s: s.fp8_family,
+    "fp8_fast_accumulation": lambda s: s.te_recipe_class == _CURRENT,
+}
+"""Which families read a field (a field not listed: every family). A field another family reads does
+not name a run: a sweep that sets `recipe.int4_group_size` for every arm leaves nvfp4's label alone."""
+
+
 def changed_fields(recipe: RecipeConfig) -> dict[str, Any]:
-    """The fields of `recipe` that differ from its family's preset, in the schema's order."""
-    preset = default_fields(recipe.name)
+    """The fields of `recipe` that its family reads and that differ from its preset, in the schema's
+    order."""
+    spec, preset = get(recipe.name), default_fields(recipe.name)
     return {
         f.name: getattr(recipe, f.name)
         for f in dataclasses.fields(RecipeConfig)
-        if f.name not in _UNLABELLED and getattr(recipe, f.name) != getattr(preset, f.name)
+        if f.name not in _UNLABELLED
+        and FIELD_SCOPE.get(f.name, lambda _: True)(spec)
+        and getattr(recipe, f.name) != getattr(preset, f.name)
     }
 
 

@@ -109,6 +109,14 @@ def test_label_names_the_fields_changed_from_the_preset():
         recipes.label(dataclasses.replace(tensorwise, amax_epsilon=1e-6)) == "tensorwise + amax_epsilon=1e-06"
     )
     assert recipes.label(recipes.default_fields("blockwise")) == "blockwise"
+    # a field only another family reads does not name the run (a sweep sets it for every arm)
+    everywhere = {"int4_group_size": 256, "disable_rht": True, "fp8_fast_accumulation": "all"}
+    assert recipes.label(dataclasses.replace(recipes.default_fields("bf16"), **everywhere)) == "bf16"
+    assert (
+        recipes.label(dataclasses.replace(recipes.default_fields("nvfp4"), **everywhere)) == "nvfp4 + no RHT"
+    )
+    int4 = dataclasses.replace(recipes.default_fields("int4_qat"), **everywhere)
+    assert recipes.label(int4) == "int4_qat + int4_group_size=256"
 
 
 def test_every_removed_name_maps_to_a_family_and_valid_fields():

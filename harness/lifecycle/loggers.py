@@ -100,6 +100,10 @@ def wandb_config(run_json: dict) -> dict:
     return {**cfg, "resolved": resolved}
 
 
+WANDB_TAG_MAX = 64
+"""W&B refuses a tag longer than this (its Settings validation): longer ones are cut."""
+
+
 @contextlib.contextmanager
 def open_logger(
     cfg: LoggerConfig,
@@ -128,7 +132,7 @@ def open_logger(
         group=w.group or group,
         job_type=job_type,
         name=name,
-        tags=sorted(set(tags) | set(w.tags)),
+        tags=sorted({t[:WANDB_TAG_MAX] for t in (*tags, *w.tags)}),
         config=config,
         dir=str(run_dir),
         mode=w.mode,

@@ -94,7 +94,9 @@ def _run(
                 name=cfg.name or f"{recipes.label(cfg.recipe)} s{cfg.seed}",
                 group=sweep_group(run_dir),
                 job_type=cfg.recipe.name,
-                tags=[cfg.recipe.name, recipes.label(cfg.recipe), backend_name, variant(cfg)],
+                tags=[
+                    t[:64] for t in (cfg.recipe.name, recipes.label(cfg.recipe), backend_name, variant(cfg))
+                ],
                 config=config,
                 run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
             )
