@@ -35,6 +35,17 @@ def bf16_layers(stability: StabilityConfig, num_layers: int) -> set[int]:
     return {i for i in range(num_layers) if i < start or i >= num_layers - end}
 
 
+OVERRIDE_FIELDS = frozenset(f.name for f in dataclasses.fields(RecipeConfig)) - {"name"}
+"""The recipe fields a stability override may set (`ModuleOverride.fields`)."""
+
+
+def override_recipe(run_recipe: RecipeConfig, ov: ModuleOverride) -> RecipeConfig:
+    """The full recipe an override asks for: the run's own recipe where it names the run's, else the
+    registry's preset (conf/recipe agrees), with the override's `fields` on top."""
+    base = run_recipe if ov.recipe == run_recipe.name else recipes.default_fields(ov.recipe)
+    return dataclasses.replace(base, **ov.fields)
+
+
 @dataclass(frozen=True)
 class PrecisionPlan:
     recipe: RecipeConfig
@@ -54,12 +65,9 @@ class PrecisionPlan:
         return chosen
 
     def _override_recipe(self, ov: ModuleOverride) -> RecipeConfig:
-        """The override's full recipe, as resolved when the config was loaded; for a bare plan, the
-        run's own recipe where it names the run's, else the registry's preset, with its fields."""
-        if ov.resolved is not None:
-            return ov.resolved
-        base = self.recipe if ov.recipe == self.recipe.name else recipes.default_fields(ov.recipe)
-        return dataclasses.replace(base, **ov.fields)
+        """The override's full recipe, as resolved when the config was loaded (or, for a bare plan,
+        as `override_recipe` resolves it)."""
+        return ov.resolved if ov.resolved is not None else override_recipe(self.recipe, ov)
 
     def quantized_modules(self, names: list[str]) -> dict[str, str]:
         """name -> recipe name (the BF16 baseline's where unquantized), for run.json."""

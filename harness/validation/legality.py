@@ -4,8 +4,6 @@ Every error is one line that names the options and the fix."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from harness import recipes
 from harness.backends.capability import runs_on_te, te_installed_version
 from harness.backends.te_env import conflicts as nvte_conflicts
@@ -13,6 +11,7 @@ from harness.backends.te_env import userbuffers_errors
 from harness.backends.te_options import option_errors
 from harness.config import schema
 from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
+from harness.model.plan import OVERRIDE_FIELDS
 
 NAMES = {
     "recipe.name": recipes.names(),
@@ -128,12 +127,15 @@ def _rope_scaling_errors(m: schema.ModelConfig) -> list[str]:
 def name_errors(cfg: Config) -> list[str]:
     if cfg.recipe.name in recipes.LEGACY:
         return [recipes.legacy_message(cfg.recipe.name)]
-    errs = []
-    for key, allowed in NAMES.items():
-        if _get(cfg, key) not in allowed:
-            shown = [a for a in allowed if a is not None]
-            errs.append(f"{key}={_get(cfg, key)}: unknown; choose one of {shown}")
-    return errs
+    return [
+        _unknown(key, _get(cfg, key), allowed)
+        for key, allowed in NAMES.items()
+        if _get(cfg, key) not in allowed
+    ]
+
+
+def _unknown(key: str, value, allowed: tuple) -> str:
+    return f"{key}={value}: unknown; choose one of {[a for a in allowed if a is not None]}"
 
 
 def _recipe_errors(r: RecipeConfig) -> list[str]:
@@ -200,8 +202,7 @@ def _override_errors(ov: schema.ModuleOverride) -> list[str]:
         return [recipes.legacy_message(ov.recipe, where=f"{where} recipe")]
     if ov.recipe not in recipes.names():
         return [f"{where} recipe={ov.recipe}: unknown; use bf16 or one of {list(recipes.names())}"]
-    known = {f.name for f in dataclasses.fields(RecipeConfig)} - {"name"}
-    bad = [k for k in ov.fields if k not in known]
+    bad = [k for k in ov.fields if k not in OVERRIDE_FIELDS]
     if bad:
         return [
             f"{where} fields.{bad[0]}: no such recipe field; use fields of conf/recipe/{ov.recipe}.yaml "
@@ -211,13 +212,9 @@ def _override_errors(ov: schema.ModuleOverride) -> list[str]:
         return []
     errs = [f"{where}: {e}" for e in _recipe_errors(ov.resolved)]
     for key, allowed in NAMES.items():
-        if key.startswith("recipe.") and key != "recipe.name":
-            value = getattr(ov.resolved, key.split(".", 1)[1])
-            if value not in allowed:
-                errs.append(
-                    f"{where} fields.{key.split('.', 1)[1]}={value}: unknown; choose one of "
-                    f"{[a for a in allowed if a is not None]}"
-                )
+        field = key.removeprefix("recipe.")
+        if field != key and field != "name" and getattr(ov.resolved, field) not in allowed:
+            errs.append(f"{where} {_unknown(f'fields.{field}', getattr(ov.resolved, field), allowed)}")
     return errs
 
 

@@ -11,14 +11,13 @@ module really ran), and the validation rules applied (ConfigError, exit code 2 a
 
 from __future__ import annotations
 
-import dataclasses
-
 from harness import recipes
 from harness.backends.hardware import resolve_hardware
 from harness.config.paths import CONF_DIR
-from harness.config.schema import Config, RecipeConfig
+from harness.config.schema import Config
 from harness.config.store import register_schema, to_config
 from harness.interop.hf_config import hf_field
+from harness.model.plan import OVERRIDE_FIELDS, override_recipe
 from harness.validation.rules import validate
 
 
@@ -51,12 +50,10 @@ def resolve_overrides(cfg: Config) -> None:
     """Fill each stability override's `resolved` with the full recipe that module runs: the run's
     own recipe where the override names it, else the registry's preset (conf/recipe agrees), with
     the override's `fields` on top."""
-    known = {f.name for f in dataclasses.fields(RecipeConfig)} - {"name"}
     for ov in cfg.stability.overrides:
-        if ov.resolved is not None or ov.recipe not in recipes.names() or set(ov.fields) - known:
+        if ov.resolved is not None or ov.recipe not in recipes.names() or set(ov.fields) - OVERRIDE_FIELDS:
             continue  # already resolved, or unknown (validation names it)
-        base = cfg.recipe if ov.recipe == cfg.recipe.name else recipes.default_fields(ov.recipe)
-        ov.resolved = dataclasses.replace(base, **ov.fields)
+        ov.resolved = override_recipe(cfg.recipe, ov)
 
 
 def prepare(cfg: Config, *, for_export: bool = False, warnings_out: list[str] | None = None) -> Config:
