@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 f"seed={cfg.seed}: Megatron needs --seed >= 1 and lowp exports seed N as N+1; use seed >= 0"
             )
+        text = render(cfg, fmt)  # ConfigError: a setting lowp trains that Megatron cannot express
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(render(cfg, fmt))
+    print(text)
     return 0
 
 

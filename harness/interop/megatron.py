@@ -21,8 +21,9 @@ import string
 import textwrap
 
 from harness import recipes
+from harness.config.errors import ConfigError
 from harness.config.schema import Config, RecipeConfig
-from harness.interop.megatron_arch import architecture_flags
+from harness.interop.megatron_arch import UNTIE, architecture_flags
 
 Flag = tuple[str, object]  # (flag, value); value None for a store_true flag
 Part = tuple[list[Flag], list[str]]  # (flags, `#` comment lines)
@@ -103,6 +104,12 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _fsdp2(cfg: Config) -> bool:
+    """Exported as --use-torch-fsdp2, whose rules (arguments.py:1031-1061, validate_args) bind the
+    model, optimizer and run flags below."""
+    return cfg.parallel.strategy == "fsdp2"
+
+
 def _dotted(factory: str) -> str:
     """lowp's `module:function` as the `pkg.mod.func` path Megatron's factory resolver imports."""
     return factory.replace(":", ".")
@@ -118,7 +125,6 @@ def model_flags(cfg: Config) -> Part:
         ("--seq-length", m.seq_length),
         ("--max-position-embeddings", m.seq_length),
         ("--vocab-size", m.vocab_size),
-        ("--untie-embeddings-and-output-weights", None),
         # lowp's model has no dropout; Megatron's default is 0.1 for both
         ("--attention-dropout", 0.0),
         ("--hidden-dropout", 0.0),
@@ -151,7 +157,15 @@ def model_flags(cfg: Config) -> Part:
             f"# model.lm_head_loss_chunks={m.lm_head_loss_chunks} has no Megatron flag: Megatron "
             "makes the whole logits (--cross-entropy-loss-fusion fuses the loss kernel only)"
         )
-    return architecture_flags(m, flags), notes
+    flags = architecture_flags(m, flags)
+    if _fsdp2(cfg) and not m.untie_embeddings_and_output_weights:
+        flags.append((UNTIE, None))  # arguments.py:1044-1045 asserts it under --use-torch-fsdp2
+        notes.append(
+            "# model.untie_embeddings_and_output_weights=false under parallel=fsdp2 has no Megatron "
+            f"equivalent: --use-torch-fsdp2 requires {UNTIE}, so Megatron's run has an output layer "
+            "of its own where lowp's reuses the embedding; parallel=ddp exports the tied head"
+        )
+    return flags, notes
 
 
 def nvte_env(cfg: Config) -> dict[str, str]:
@@ -264,8 +278,10 @@ def stability_flags(cfg: Config) -> Part:
 def optimizer_flags(cfg: Config) -> Part:
     """The optimizer's memory knobs (precision-aware optimizer, quantized params, offload)."""
     o = cfg.optimizer
+    if _fsdp2(cfg):
+        flags, notes = fsdp2_optimizer_flags(cfg)
+        return flags, notes + _optimizer_notes(cfg)
     flags: list[Flag] = []
-    notes: list[str] = []
     if o.fp8_param:
         flags.append(("--fp4-param-gather" if cfg.recipe.fp4 else "--fp8-param-gather", None))
     if o.reuse_grad_buf_for_mxfp8_param_ag:
@@ -276,14 +292,67 @@ def optimizer_flags(cfg: Config) -> Part:
         flags.append(("--optimizer-cpu-offload", None))
     if o.use_precision_aware_optimizer:
         flags.append(("--use-precision-aware-optimizer", None))
-    for flag, v in (  # printed with or without the precision-aware optimizer: never dropped
-        ("--main-grads-dtype", o.main_grads_dtype),
-        ("--main-params-dtype", o.main_params_dtype),
-        ("--exp-avg-dtype", o.exp_avg_dtype),
-        ("--exp-avg-sq-dtype", o.exp_avg_sq_dtype),
-    ):
-        if v != MEGATRON_DEFAULTS[flag]:
-            flags.append((flag, v))
+    for flag, v in _state_dtypes(cfg).items():  # printed with or without the precision-aware optimizer
+        flags.append((flag, v))
+    return flags, _optimizer_notes(cfg)
+
+
+def _state_dtypes(cfg: Config) -> dict[str, str]:
+    """The precision-aware optimizer's dtypes where they differ from Megatron's fp32 defaults."""
+    o = cfg.optimizer
+    values = {
+        "--main-grads-dtype": o.main_grads_dtype,
+        "--main-params-dtype": o.main_params_dtype,
+        "--exp-avg-dtype": o.exp_avg_dtype,
+        "--exp-avg-sq-dtype": o.exp_avg_sq_dtype,
+    }
+    return {flag: v for flag, v in values.items() if v != MEGATRON_DEFAULTS[flag]}
+
+
+def fsdp2_optimizer_flags(cfg: Config) -> Part:
+    """The optimizer under --use-torch-fsdp2, which refuses Megatron's distributed optimizer
+    (arguments.py:1038-1039) and so the precision-aware optimizer and its CPU offload, which are
+    built only as one (core/optimizer/__init__.py:1057-1060; arguments.py:1884-1888): FSDP2 shards
+    fp32 states itself. What lowp's run keeps beyond that is said, not printed."""
+    o, r = cfg.optimizer, cfg.recipe
+    if o.optimizer_cpu_offload:
+        raise ConfigError(
+            "parallel=fsdp2 with optimizer.optimizer_cpu_offload=true: Megatron offloads only through "
+            "the precision-aware distributed optimizer, which --use-torch-fsdp2 refuses; use "
+            "parallel=ddp or optimizer.optimizer_cpu_offload=false"
+        )
+    flags: list[Flag] = []
+    notes: list[str] = []
+    if o.fp8_param and r.fp4:  # kept under FSDP2 from TE 2.7 (arguments.py:1056-1061), which FP4 needs
+        flags.append(("--fp4-param-gather", None))
+    elif o.fp8_param:
+        notes.append(
+            "# optimizer.fp8_param=true under parallel=fsdp2 has no Megatron equivalent: with TE >= 2.0 "
+            "Megatron turns --fp8-param-gather off under --use-torch-fsdp2 and gathers BF16 weights "
+            "(arguments.py:1050-1055), so it is not printed; lowp's run keeps FP8 weights. parallel=ddp "
+            "with optimizer.use_distributed_optimizer=true exports them"
+        )
+    if o.use_distributed_optimizer:
+        notes.append(
+            "# optimizer.use_distributed_optimizer=true under parallel=fsdp2 -> no "
+            "--use-distributed-optimizer: --use-torch-fsdp2 refuses it (arguments.py:1038-1039) and "
+            "shards the optimizer states itself, as lowp's FSDP2 run does"
+        )
+    if o.use_precision_aware_optimizer:
+        dtypes = "".join(f", {flag[2:].replace('-', '_')}={v}" for flag, v in _state_dtypes(cfg).items())
+        notes.append(
+            f"# optimizer.use_precision_aware_optimizer=true{dtypes} under parallel=fsdp2 has no Megatron "
+            "equivalent: Megatron builds that optimizer only as its distributed optimizer "
+            "(core/optimizer/__init__.py:1057-1060), which --use-torch-fsdp2 refuses, so its run keeps "
+            "fp32 main grads and optimizer states"
+        )
+    return flags, notes
+
+
+def _optimizer_notes(cfg: Config) -> list[str]:
+    """What lowp's optimizer does that Megatron has no flag for, under any parallel strategy."""
+    o = cfg.optimizer
+    notes = []
     if not o.master_weights:
         notes.append(
             "# optimizer.master_weights=false (bf16 params updated in place, no fp32 master copy) has "
@@ -300,7 +369,7 @@ def optimizer_flags(cfg: Config) -> Part:
             "Megatron flag (valid only with --swiglu): set activation_func_fp8_input_store=True in "
             "the model provider's config"
         )
-    return flags, notes
+    return notes
 
 
 def data_parallel_size(cfg: Config) -> int:
@@ -312,15 +381,26 @@ def data_parallel_size(cfg: Config) -> int:
 
 
 def parallel_flags(cfg: Config) -> Part:
-    """Data parallelism: Megatron's DDP is its default; FSDP2 and the amax group have flags."""
+    """Data parallelism: Megatron's DDP is its default; FSDP2 has flags, the amax group a
+    TransformerConfig field."""
     p = cfg.parallel
     flags: list[Flag] = []
     notes: list[str] = []
-    if p.strategy == "fsdp2":
-        flags.append(("--use-torch-fsdp2", None))
-        flags.append(("--ckpt-format", "torch_dist"))
+    if _fsdp2(cfg):
+        # torch_dist is the default; --use-torch-fsdp2 asserts it or torch_dcp (arguments.py:1042-1043)
+        flags += [("--use-torch-fsdp2", None), ("--ckpt-format", "torch_dist")]
+        if not p.reshard_after_forward:  # arguments.py:3218, read by training.py:2627-2630
+            flags.append(("--torch-fsdp2-no-reshard-after-forward", None))
+        notes.append(
+            "# --use-torch-fsdp2: start Megatron with CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 "
+            "(arguments.py:1048-1049 refuses 1, which Megatron's example scripts set)"
+        )
     if p.tp_only_amax_red:
-        flags.append(("--tp-only-amax-red", None))
+        notes.append(
+            "# parallel.tp_only_amax_red=true: set tp_only_amax_red=True in the model provider's "
+            "TransformerConfig (Megatron has no flag: arguments.py keeps the field out of its argparse); "
+            "without tensor parallelism each rank then keeps its own amaxes, as in lowp's run"
+        )
     dp = data_parallel_size(cfg)
     if dp > 1:
         accum = cfg.global_batch_size // (cfg.micro_batch_size * dp)
@@ -372,8 +452,13 @@ def run_flags(cfg: Config) -> Part:
         f"# seed={cfg.seed} -> --seed {megatron_seed(cfg.seed)}: Megatron needs a seed >= 1, so lowp's "
         "seed N is exported as N+1 (the two draw different streams from it either way)",
         "# --no-gradient-accumulation-fusion: Megatron's output layer fuses wgrad accumulation "
-        "through apex (fused_weight_gradient_mlp_cuda); drop the flag where apex is installed. "
-        "It also turns off TE's fused wgrad accumulation into fp32 main grads, which lowp's TE "
+        "through apex (fused_weight_gradient_mlp_cuda); "
+        + (
+            "--use-torch-fsdp2 requires the flag (arguments.py:1040-1041). "
+            if _fsdp2(cfg)
+            else "drop the flag where apex is installed. "
+        )
+        + "It also turns off TE's fused wgrad accumulation into fp32 main grads, which lowp's TE "
         "backend keeps",
     ]
     if eval_iters * tokens_per_iter != cfg.eval_tokens:
@@ -412,6 +497,8 @@ def provider_fields(cfg: Config) -> dict[str, object]:
     fields: dict[str, object] = {}
     if o.activation_func_fp8_input_store:
         fields["activation_func_fp8_input_store"] = True
+    if cfg.parallel.tp_only_amax_red:
+        fields["tp_only_amax_red"] = True
     for name, field in _ATTENTION_FIELDS.items():
         if field and getattr(r, name):
             fields[field] = True

@@ -63,13 +63,15 @@ def _precision_aware_needs_distributed(cfg: Config) -> str | None:
 
 def _fp8_param_needs_distributed(cfg: Config) -> str | None:
     o = cfg.optimizer
-    # --fp4-param-gather has no such check in Megatron; the export maps fp8_param to it under FP4
-    fsdp = cfg.parallel.strategy == "fsdp2"  # Megatron's check admits --use-torch-fsdp2 as well
+    # --fp4-param-gather has no such check in Megatron; the export maps fp8_param to it under FP4.
+    # Megatron's check admits --use-torch-fsdp2 too, but with TE >= 2.0 it has already turned the
+    # gather off there (arguments.py:1050-1055): lowp's FSDP2 run keeps FP8 weights, and its export
+    # says that Megatron's cannot, so FSDP2 passes here but is no remedy to suggest
+    fsdp = cfg.parallel.strategy == "fsdp2"
     if o.fp8_param and not cfg.recipe.fp4 and not o.use_distributed_optimizer and not fsdp:
         return (
-            "optimizer.fp8_param=true needs optimizer.use_distributed_optimizer=true or parallel=fsdp2: "
-            "Megatron refuses --fp8-param-gather without the distributed optimizer (or FSDP) at any world "
-            "size, one GPU too; set one"
+            "optimizer.fp8_param=true needs optimizer.use_distributed_optimizer=true: Megatron refuses "
+            "--fp8-param-gather without the distributed optimizer at any world size, one GPU too; set it"
         )
     return None
 
