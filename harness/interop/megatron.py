@@ -389,7 +389,7 @@ def parallel_flags(cfg: Config) -> Part:
     if _fsdp2(cfg):
         # torch_dist is the default; --use-torch-fsdp2 asserts it or torch_dcp (arguments.py:1042-1043)
         flags += [("--use-torch-fsdp2", None), ("--ckpt-format", "torch_dist")]
-        if not p.reshard_after_forward:  # arguments.py:3218, read by training.py:2627-2630
+        if not p.reshard_after_forward:  # arguments.py:3218, read by training.py:2627-2629
             flags.append(("--torch-fsdp2-no-reshard-after-forward", None))
         notes.append(
             "# --use-torch-fsdp2: start Megatron with CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 "
