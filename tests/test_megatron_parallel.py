@@ -207,6 +207,12 @@ def test_fsdp2_fp8_param_is_said_not_printed_as_a_gather_megatron_turns_off(caps
     assert code == 0 and FSDP2 in lines
     assert "--fp8-param-gather" not in lines  # arguments.py:1050-1055 turns it off with TE >= 2.0
     assert "# optimizer.fp8_param=true under parallel=fsdp2 has no Megatron equivalent" in text
+    reuse = ("recipe=mxfp8", "optimizer.fp8_param=true", "optimizer.reuse_grad_buf_for_mxfp8_param_ag=true")
+    code, lines, text = export_cli(capsys, "parallel=fsdp2", *reuse)
+    assert code == 0 and not any("param-gather" in ln or "reuse-grad-buf" in ln for ln in lines)
+    assert (
+        "# optimizer.fp8_param=true (and reuse_grad_buf_for_mxfp8_param_ag=true) under parallel=fsdp2" in text
+    )
     # FP4 param gather survives FSDP2 from TE 2.7 (arguments.py:1056-1061), which NVFP4 needs anyway
     code, lines, _ = export_cli(
         capsys,

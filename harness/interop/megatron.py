@@ -8,8 +8,10 @@ everything lowp knows that Megatron cannot express: nothing is dropped silently.
 Megatron's, so the mapping is rename-free. Recipe flags are printed as the guide writes them, the
 model shape and the run control (iterations, batch, eval, seed, data, dropout 0) always, other
 values only where lowp's differ from Megatron's argparse defaults. Floats print as `repr`, so they
-round-trip exactly. The config is validated first, with the rules Megatron-LM and TE enforce
-(docs/validation_rules.md); a refused config exits with code 2.
+round-trip exactly. Under `parallel=fsdp2` the flags follow the rules of Megatron's `--use-torch-fsdp2`
+(docs/validation_rules.md): what lowp's FSDP2 run keeps and Megatron's cannot is a `#` line. The
+config is validated first, with the rules Megatron-LM and TE enforce (docs/validation_rules.md); a
+refused config, or one Megatron cannot express, exits with code 2.
 """
 
 from __future__ import annotations
@@ -326,9 +328,11 @@ def fsdp2_optimizer_flags(cfg: Config) -> Part:
     if o.fp8_param and r.fp4:  # kept under FSDP2 from TE 2.7 (arguments.py:1056-1061), which FP4 needs
         flags.append(("--fp4-param-gather", None))
     elif o.fp8_param:
+        # the grad-buffer reuse goes with it: only Megatron's DDP config and distributed optimizer read it
+        reuse = " (and reuse_grad_buf_for_mxfp8_param_ag=true)" if o.reuse_grad_buf_for_mxfp8_param_ag else ""
         notes.append(
-            "# optimizer.fp8_param=true under parallel=fsdp2 has no Megatron equivalent: with TE >= 2.0 "
-            "Megatron turns --fp8-param-gather off under --use-torch-fsdp2 and gathers BF16 weights "
+            f"# optimizer.fp8_param=true{reuse} under parallel=fsdp2 has no Megatron equivalent: with TE "
+            ">= 2.0 Megatron turns --fp8-param-gather off under --use-torch-fsdp2 and gathers BF16 weights "
             "(arguments.py:1050-1055), so it is not printed; lowp's run keeps FP8 weights. parallel=ddp "
             "with optimizer.use_distributed_optimizer=true exports them"
         )
