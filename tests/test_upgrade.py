@@ -220,21 +220,24 @@ def test_moved_data_files_resume_by_their_content(memmap_run, tmp_path, capsys):
 
 
 def test_changed_data_is_refused_before_anything_is_written(memmap_run, tmp_path, capsys):
-    """Re-running a completed run after its data changed leaves its summary as it was."""
+    """Re-running a completed run after its data file changed in place leaves its files as they were
+    (the summary still says completed)."""
     run_dir, data, _ = memmap_run
-    copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy)
-    changed = tmp_path / "train.bin"
-    tokens = np.fromfile(data, dtype=np.uint16)
+    original = data.read_bytes()
+    tokens = np.frombuffer(original, dtype=np.uint16).copy()
     tokens[100:200] = (tokens[100:200] + 1) % 256  # same size, other tokens
-    tokens.tofile(changed)
-    before = {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()}
-    line = the_error(
-        *cli(capsys, *DATA_RUN, f"data.path={R.hydra_value(str(changed))}", f"hydra.run.dir={copy}")
-    )
-    assert "other data" in line and "fingerprint" in line and str(changed) in line, line
-    after = {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file() and p.name in before}
-    assert after == before  # summary.json still says completed
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    try:
+        tokens.tofile(data)
+        code, err = cli(
+            capsys, *DATA_RUN, f"data.path={R.hydra_value(str(data))}", f"hydra.run.dir={run_dir}"
+        )
+    finally:
+        data.write_bytes(original)  # the module's other tests use it
+    line = the_error(code, err)
+    assert "other data" in line and "fingerprint" in line and str(data) in line, line
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name in before}
+    assert after == before
 
 
 # -- the printed resume command --------------------------------------------------------------------------
@@ -242,6 +245,7 @@ def test_changed_data_is_refused_before_anything_is_written(memmap_run, tmp_path
 AWKWARD = [
     "plain",
     "with space",
+    "space at the end ",
     "comma,sep",
     "brackets[0]{a}(b)",
     'quote\'s "double"',
