@@ -167,8 +167,10 @@ def test_removed_recipe_names_are_their_family_and_fields():
         {"pattern": "blocks.0.*", "recipe": "tensorwise", "fields": {"fp8_fast_accumulation": "all"}}
     ]
     head = json.loads(json.dumps(config))
-    head["recipe"].update(name="tensorwise_fp8head", fp8_lm_head=True)
-    with pytest.raises(ConfigError, match=r"sets recipe\.fp8_lm_head=true, an option this lowp no longer"):
+    head["recipe"].update(name="tensorwise_fp8headbwd", fp8_lm_head=True, fp8_lm_head_fprop=False)
+    with pytest.raises(
+        ConfigError, match=r"sets recipe\.fp8_lm_head=true, recipe\.fp8_lm_head_fprop=false, which"
+    ):
         R.stored_config(head, Path("d"))
 
 

@@ -6,8 +6,8 @@ added since filled with the value that reproduces the old lowp, removed options 
 removed recipe names as their family), must equal the requested one in everything that changes the
 result; the keys in RESULT_NEUTRAL (where logs go, how often, how many checkpoints) may differ. The
 data is compared by its content fingerprint, not by where its files are (LOCATION): files staged to
-node-local scratch resume, changed files are refused. Every refusal comes before the run writes
-anything, so a completed run's summary is never turned into a failure.
+node-local scratch resume, changed files are refused. These refusals come before the run writes
+anything: a completed run re-run on changed data keeps its summary.
 `metrics.jsonl` and `numerics.jsonl` keep every row up to the checkpoint's step and drop the rows a
 killed attempt wrote after it, so the resumed files read as if the run had never stopped.
 """
@@ -186,15 +186,18 @@ def stored_config(saved: dict, run_dir: Path) -> dict:
     at the value that behaves as lowp does today."""
     config, refusals = upgrades.upgrade(_as_families(saved))
     if refusals:
-        r = refusals[0]
-        shown = str(r.value).lower() if isinstance(r.value, bool) else r.value
+        keys = ", ".join(f"{r.key}={_shown(r.value)}" for r in refusals)
+        why = "; ".join(dict.fromkeys(f"{r.change.why}; removed in {r.change.since}" for r in refusals))
         raise ConfigError(
-            f"run dir {run_dir} holds a checkpoint whose config sets {r.key}={shown}, an option this lowp "
-            f"no longer has ({r.change.why}; removed in {r.change.since}); finish that run with the lowp "
-            "that wrote it (its run.json names the commit), or start fresh with resume=never (moves the "
-            "old files aside) or a new hydra.run.dir"
+            f"run dir {run_dir} holds a checkpoint whose config sets {keys}, which this lowp no longer "
+            f"has ({why}); finish that run with the lowp that wrote it (its run.json names the commit), "
+            "or start fresh with resume=never (moves the old files aside) or a new hydra.run.dir"
         )
     return config
+
+
+def _shown(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _as_families(saved: dict) -> dict:
@@ -216,9 +219,9 @@ def _as_families(saved: dict) -> dict:
     return config
 
 
-def check_data(state: dict, requested: dict, saved: dict, run_dir: Path) -> None:
-    """The checkpoint's data order must be the requested data's: its content fingerprint (wherever
-    the files are now), before anything is written. A source that cannot be built is refused here too."""
+def check_same_data(state: dict, requested: dict, saved: dict, run_dir: Path) -> None:
+    """The requested data must be what the checkpoint was trained on: the same content fingerprint,
+    wherever its files are now; refused before anything is written (a source that cannot be built too)."""
     data = requested["data"]
     try:
         now = data_fingerprint(
@@ -229,17 +232,16 @@ def check_data(state: dict, requested: dict, saved: dict, run_dir: Path) -> None
     except ValueError as exc:  # the source's one-line config error (a missing file)
         raise ConfigError(str(exc)) from exc
     was = state["data"]["fingerprint"]
-    where = ", ".join(f"{k}={data[k.split('.')[1]]}" for k in LOCATION if data[k.split(".")[1]] is not None)
-    source = f"data.name={data['name']}" + (f", {where}" if where else "")
+    located = {key: data[key.removeprefix("data.")] for key in LOCATION}
     if now != was:
+        where = "".join(f", {key}={value}" for key, value in located.items() if value is not None)
         raise ConfigError(
-            f"run dir {run_dir} holds a checkpoint trained on other data: {source} has content "
-            f"fingerprint {now[:12]}, the checkpoint's is {was[:12]} (the files changed since); resume with "
-            "the data it was trained on, or start fresh with resume=never (moves the old files aside) or "
-            "a new hydra.run.dir"
+            f"run dir {run_dir} holds a checkpoint trained on other data: data.name={data['name']}{where} "
+            f"has content fingerprint {now[:12]}, the checkpoint's {was[:12]} (its content changed since); "
+            "resume with the data it was trained on, or start fresh with resume=never (moves the old files "
+            "aside) or a new hydra.run.dir"
         )
-    old = saved.get("data", {})
-    moved = [k for k in LOCATION if old.get(k.split(".")[1]) != data[k.split(".")[1]]]
+    moved = [key for key, value in located.items() if saved["data"].get(key.removeprefix("data.")) != value]
     if moved:
         log.info("data moved (%s), same content (fingerprint %s): resuming", ", ".join(moved), now[:12])
 
@@ -270,5 +272,5 @@ def resume_point(mode: str, run_dir: Path, requested: dict) -> tuple[Path, int, 
     keys = config_diff(saved, requested)
     if keys:
         raise ConfigError(describe_diff(saved, requested, keys, run_dir))
-    check_data(found[2], requested, saved, run_dir)
+    check_same_data(found[2], requested, saved, run_dir)
     return found
