@@ -99,9 +99,12 @@ def test_a_run_trains_and_resumes_where_flock_does_not_work(lockless, capsys):
 def test_a_holder_killed_by_sigkill_is_taken_over(lockless):
     run_dir = lockless / "run"
     pid = os.fork()
-    if pid == 0:
-        RunLock(run_dir).acquire()
-        os.kill(os.getpid(), signal.SIGKILL)
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            RunLock(run_dir).acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
     os.waitpid(pid, 0)
     assert json.loads((run_dir / runlock.EXCL).read_text())["pid"] == pid  # left behind...
     with RunLock(run_dir):  # ...and taken over
