@@ -4,6 +4,7 @@
     for inputs, targets in data.train_batches(cfg.micro_batch_size, seed=cfg.seed, start=k): ...
     held_out = data.eval_batches(cfg.eval_tokens, cfg.micro_batch_size)   # same every call
     run_json["data"] = data.describe()
+    data_fingerprint(cfg.data, vocab_size=..., seq_length=...)   # what identifies it: content, not paths
 
 Sources: synthetic (uniform tokens), markov (seeded Markov chain, known loss floor), stdlib_bytes
 (the interpreter's stdlib as bytes), memmap (nanoGPT .bin files), megatron (indexed .bin/.idx).
@@ -11,11 +12,13 @@ Sources: synthetic (uniform tokens), markov (seeded Markov chain, known loss flo
 
 from __future__ import annotations
 
+import dataclasses
+
 from harness.config.schema import DataConfig
 from harness.data import files, markov, stdlib_bytes, synthetic
 from harness.data.base import Batch, StreamData, TokenData, config_error
 
-__all__ = ["Batch", "StreamData", "TokenData", "build_data", "check_data", "SOURCES"]
+__all__ = ["Batch", "StreamData", "TokenData", "build_data", "check_data", "data_fingerprint", "SOURCES"]
 
 SOURCES = {
     "synthetic": synthetic.build,
@@ -24,6 +27,8 @@ SOURCES = {
     "memmap": files.build_memmap,
     "megatron": files.build_megatron,
 }
+FILE_SOURCES = ("memmap", "megatron")
+"""Sources that read token files: fingerprinted by the files' bytes, wherever the files are."""
 
 
 def build_data(cfg: DataConfig, *, vocab_size: int, seq_length: int) -> TokenData:
@@ -68,3 +73,12 @@ def check_data(
     data = build_data(cfg, vocab_size=vocab_size, seq_length=seq_length)
     next(data.train_batches(micro_batch_size, seed=0))
     data.eval_batches(eval_tokens, micro_batch_size)
+
+
+def data_fingerprint(cfg: DataConfig, *, vocab_size: int, seq_length: int) -> str:
+    """The fingerprint `build_data` gives (TokenData.fingerprint), for the resume check before a run
+    writes anything. A file source's fingerprint hashes its files, not the token ids in them, so its
+    vocabulary is taken as declared instead of scanned (a scan reads every token of a large corpus)."""
+    if cfg.name in FILE_SOURCES and cfg.vocab_size is None:
+        cfg = dataclasses.replace(cfg, vocab_size=vocab_size)
+    return build_data(cfg, vocab_size=vocab_size, seq_length=seq_length).fingerprint
