@@ -207,7 +207,7 @@ def test_delayed_two_ranks_match_one_whole_micro_batch(two_ranks, strategy):
 
 def test_reduced_amax_is_the_whole_batch_amax(two_ranks, tmp_path):
     """After one step every rank holds the same delayed-scaling histories, and they are those of
-    one process that saw the whole global batch in one micro-batch; with --tp-only-amax-red (no
+    one process that saw the whole global batch in one micro-batch; with tp_only_amax_red (no
     tensor parallelism) each rank keeps its own, and the whole batch's amax is their maximum."""
     from harness.train import Trainer
 

@@ -92,7 +92,7 @@ class Backend(ABC):
 
     def set_amax_reduction(self, group, reducer) -> None:
         """Data parallel: `group` for TE's autocast, `reducer(list of amax tensors)` for the emulator;
-        (None, None): amaxes stay local (one process, or --tp-only-amax-red without tensor parallel)."""
+        (None, None): amaxes stay local (one process, or tp_only_amax_red without tensor parallel)."""
         self.amax_group = group
 
     def prepare(self, model: nn.Module, optimizer) -> None:  # noqa: B027

@@ -321,9 +321,10 @@ class ParallelConfig:
     timeout_s: float = 600.0
     """Collective timeout: a dead or stuck rank makes the others fail after this long, never hang."""
     tp_only_amax_red: bool = False
-    """Delayed scaling: reduce amaxes over the tensor-parallel group only (--tp-only-amax-red); with
-    no tensor parallelism that is no reduction at all. false: MAX over the data-parallel group (TE's
-    default amax_reduction_group in Megatron)."""
+    """Delayed scaling: reduce amaxes over the tensor-parallel group only (Megatron's
+    TransformerConfig.tp_only_amax_red, a model-provider field, not a flag); with no tensor
+    parallelism that is no reduction at all. false: MAX over the data-parallel group (TE's default
+    amax_reduction_group in Megatron)."""
     reshard_after_forward: bool = True
     """fsdp2: free the gathered parameters after forward (ZeRO-3); false keeps them to backward (ZeRO-2)."""
 

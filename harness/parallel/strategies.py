@@ -17,7 +17,7 @@ def parallelize(model: torch.nn.Module, backend: Backend, p: ParallelConfig, dis
     if dist.active and not p.tp_only_amax_red:
         group, reducer = (dist.group or torch.distributed.group.WORLD), dist.max_
     elif dist.active:
-        # --tp-only-amax-red without tensor parallelism: a group of this rank alone (TE reduces over
+        # tp_only_amax_red without tensor parallelism: a group of this rank alone (TE reduces over
         # the default group when it is handed none)
         group = torch.distributed.new_subgroups(group_size=1)[0]
     backend.set_amax_reduction(group, reducer)
