@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import io
 import json
 import logging
@@ -298,6 +299,7 @@ def _save(run_dir: Path, step: int, tree: dict, keep: int, dist=None, tmp_tag: s
     root = Path(run_dir) / DIRNAME
     final = root / name_of(step)
     tmp = root / f"{_TMP}{final.name}-{tmp_tag or os.getpid()}"
+    tensors: dict[str, torch.Tensor] = {}
     try:
         root.mkdir(parents=True, exist_ok=True)
         if main and tmp.exists():
@@ -328,30 +330,50 @@ def _save(run_dir: Path, step: int, tree: dict, keep: int, dist=None, tmp_tag: s
     except BaseException as exc:
         if main:  # an interrupted write leaves the older checkpoints as they were
             shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
+        cause = exc if isinstance(exc, OSError) else _no_space(root, exc, tensors)
+        if cause is not None:
             raise CheckpointError(
-                f"cannot write checkpoint {step}: {os_error_text(exc, root)}, then restart to resume "
+                f"cannot write checkpoint {step}: {os_error_text(cause, root)}, then restart to resume "
                 "from the last checkpoint (the earlier checkpoints are kept)"
             ) from exc
         raise
-    _VERIFIED.add(final)
+    _VERIFIED[final] = _stamp(final)
     _retain(run_dir, keep)
     if dist is not None:
         dist.barrier()
     return final
 
 
-_VERIFIED: set[Path] = set()
-"""Checkpoints this process wrote or verified: retention reads each one's files once, not per save."""
+def _no_space(root: Path, exc: BaseException, tensors: dict[str, torch.Tensor]) -> OSError | None:
+    """A full disk that torch did not report as one: its zip writer (DCP's small items) turns ENOSPC
+    into a RuntimeError ('unexpected pos'). The file system says whether the tensors had room."""
+    if not isinstance(exc, RuntimeError):
+        return None
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return None
+    need = sum(t.numel() * t.element_size() for t in tensors.values())
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if st.f_bavail * st.f_frsize < need else None
+
+
+_VERIFIED: dict[Path, tuple] = {}
+"""Checkpoints this process wrote or verified, with the size and mtime of each file then: retention
+reads a checkpoint's files again only when one of them changed, not at every save."""
+
+
+def _stamp(path: Path) -> tuple:
+    return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir()))
 
 
 def _verified(path: Path) -> bool:
-    if path not in _VERIFIED:
-        try:
+    try:
+        stamp = _stamp(path)
+        if _VERIFIED.get(path) != stamp:
             verify(path)
-        except Exception:  # noqa: BLE001 - any failure to read it means: not a checkpoint to count
-            return False
-        _VERIFIED.add(path)
+            _VERIFIED[path] = stamp
+    except Exception:  # noqa: BLE001 - any failure to read it means: not a checkpoint to count
+        return False
     return True
 
 
@@ -362,7 +384,7 @@ def _retain(run_dir: Path, keep: int) -> None:
     for path in candidates(run_dir):
         if kept >= max(1, keep):
             shutil.rmtree(path, ignore_errors=True)
-            _VERIFIED.discard(path)
+            _VERIFIED.pop(path, None)
         elif _verified(path):
             kept += 1
 
@@ -370,9 +392,8 @@ def _retain(run_dir: Path, keep: int) -> None:
 def remove_partial(run_dir: Path) -> list[str]:
     """Remove the temporary directories of checkpoint writes that were killed (SIGKILL, a lost node)
     before their rename; the run's writer calls it at its start, holding the run lock. Returns their
-    names. What this process verified there before is verified again (it may have changed since)."""
+    names."""
     root = Path(run_dir) / DIRNAME
-    _VERIFIED.difference_update({p for p in _VERIFIED if p.parent == root})
     if not root.is_dir():
         return []
     partial = sorted(p for p in root.iterdir() if p.name.startswith(_TMP) and p.is_dir())
