@@ -97,7 +97,7 @@ def _error_line(exc: Exception, run_dir: Path) -> str:
     file-system error with its path, cause and fix, and where its traceback is when run() wrote one."""
     if isinstance(exc, ConfigError):
         return f"error: {exc}"
-    text = A.os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+    text = A.os_error_text(exc, run_dir) if isinstance(exc, OSError) else str(exc)
     error_txt = run_dir / "error.txt"
     where = ""
     if not isinstance(exc, USER_ERRORS) and _written_for(error_txt, exc):

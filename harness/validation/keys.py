@@ -54,7 +54,8 @@ def run_errors(cfg: Config) -> list[str]:
             "checkpoint_interval",
             cfg.checkpoint_interval,
             cfg.checkpoint_interval is None or cfg.checkpoint_interval >= -1,
-            "use null (every 10%), 0 (only at the end), -1 (never) or a number of steps",
+            "use null (every 10%), 0 (only at the end), -1 (only when a signal stops the run) or a number "
+            "of steps",
         ),
         ("checkpoint_keep", cfg.checkpoint_keep, cfg.checkpoint_keep >= 1, "keep at least 1 checkpoint"),
         ("bench_warmup_steps", cfg.bench_warmup_steps, cfg.bench_warmup_steps >= 0, "use 0 or more"),
