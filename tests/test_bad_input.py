@@ -320,6 +320,16 @@ def test_read_only_checkpoint_dir_keeps_earlier_checkpoints(tmp_path, capsys):
     assert "Read-only file system" in (tmp_path / "error.txt").read_text()
 
 
+def test_run_dir_on_a_read_only_file_system(tmp_path, capsys):
+    """Hydra writes .hydra/ before the job starts: the run dir is checked first (one line, not
+    Hydra's traceback)."""
+    with read_only(tmp_path / "ro") as ro:
+        refused(
+            capsys, ro / "run", code=1,
+            match=(f"hydra.run.dir={ro / 'run'}", "read-only file system", "use another hydra.run.dir"),
+        )  # fmt: skip
+
+
 def test_unwritable_checkpoint_dir_keeps_earlier_files(tmp_path, capsys):
     """A run whose checkpoints cannot be written fails in one line; the rows it logged stay."""
     tmp_path.mkdir(exist_ok=True)

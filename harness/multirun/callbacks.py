@@ -78,6 +78,9 @@ class ValidateSweep(Callback):
         )
         sys.exit(2 if all(f.code == 2 for _, f in self.failed) else 1)
 
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_writable(config.hydra.run.dir, "hydra.run.dir")
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.global_hydra import GlobalHydra
         from hydra.types import RunMode
@@ -106,6 +109,7 @@ class ValidateSweep(Callback):
                 print(f"error: job {i} ({' '.join(overrides)}): {exc}", file=sys.stderr)
                 sys.exit(2)
         self.jobs = len(jobs)
+        _check_writable(config.hydra.sweep.dir, "hydra.sweep.dir")
         print(f"[lowp] validated {len(jobs)} jobs", file=sys.stderr)
 
     @staticmethod
@@ -128,3 +132,23 @@ class ValidateSweep(Callback):
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+
+
+def _check_writable(directory: str, option: str) -> None:
+    """Exit 1 with one line when `directory` cannot be made where it would be: Hydra writes there
+    before the job starts and would end in a traceback. Nothing is created here (the directory's
+    name may hold the time)."""
+    import os
+
+    path = Path(str(directory)).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if existing.is_dir() and os.access(existing, os.W_OK):
+        return
+    if not existing.is_dir():
+        cause, fix = "is a file, not a directory", f"move it away or use another {option}"
+    elif os.statvfs(existing).f_flag & os.ST_RDONLY:
+        cause, fix = "is on a read-only file system", f"use another {option}"
+    else:
+        cause, fix = "is not writable for this user", f"make it writable or use another {option}"
+    print(f"error: cannot make {option}={path}: {existing} {cause}; {fix}", file=sys.stderr)
+    sys.exit(1)
