@@ -157,6 +157,15 @@ def test_missing_data_file(tmp_path, capsys):
     )
 
 
+def test_refused_data_opens_no_wandb_run(tmp_path, capsys):
+    """The default logger (W&B offline) is opened only once the trainer is built: a refused data
+    file leaves no W&B run, hence no run directory (before: a crashed offline run in wandb/)."""
+    refused(
+        capsys, tmp_path / "r", *DATA, f"data.path={tmp_path}/nope.bin", "logger=wandb",
+        "logger.wandb.mode=offline", match=("data.path=", "no such file"),
+    )  # fmt: skip
+
+
 def test_empty_data_file(tmp_path, capsys):
     (tmp_path / "e.bin").write_bytes(b"")
     refused(capsys, tmp_path / "r", *DATA, f"data.path={tmp_path}/e.bin", match="the file is empty")

@@ -80,9 +80,6 @@ def _run(
             lambda path: (path, *ckpt.load_one(path)),
         )
         previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
-        if found and dist.is_main:
-            dropped = R.truncate_rows(run_dir, found[1])
-            log.info("resuming %s from %s (rows dropped after its step: %s)", run_dir, found[0].name, dropped)
         backend_name = resolve_backend_name(cfg.backend.name, cfg.recipe.name)
         summary = Summary(
             recipe=cfg.recipe.name,
@@ -94,7 +91,7 @@ def _run(
             seed=cfg.seed,
         )
         config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-        tracker = (
+        tracker = (  # opened once the trainer is built: a refused run leaves no W&B run behind
             open_logger(
                 cfg.logger,
                 run_dir=run_dir,
@@ -110,9 +107,8 @@ def _run(
             if dist.is_main
             else contextlib.nullcontext(NullLogger())
         )
-        with tracker as logger:
-            job = _Job(cfg, run_dir, summary, config, logger, stop or StopRequest(), found, previous, dist)
-            return job.train(resume_command, config_warnings)
+        job = _Job(cfg, run_dir, summary, config, tracker, stop or StopRequest(), found, previous, dist)
+        return job.train(resume_command, config_warnings)
 
 
 class _Job:
@@ -124,14 +120,15 @@ class _Job:
         run_dir: Path,
         summary: Summary,
         config: dict,
-        logger,
+        tracker,
         stop,
         found,
         previous,
         dist=D.SINGLE,
     ):
-        self.cfg, self.run_dir, self.summary, self.config, self.logger = cfg, run_dir, summary, config, logger
-        self.stop, self.found, self.previous, self.dist = stop, found, previous, dist
+        self.cfg, self.run_dir, self.summary, self.config = cfg, run_dir, summary, config
+        self.tracker, self.stop, self.found, self.previous, self.dist = tracker, stop, found, previous, dist
+        self.started = False  # this attempt has begun writing the run dir (its rows, its run.json)
 
     agreed = False
 
@@ -147,62 +144,36 @@ class _Job:
             raise RankFailed(f"another rank failed: {first[1] if first else 'see its error.rank*.txt'}")
 
     def train(self, resume_command: str | None, config_warnings: list[str]) -> Summary:
-        """Build the trainer, fit, and write the summary on every way out (atomic, also on failure).
+        """Build the trainer, open the tracker, fit, and write the summary on every way out (atomic,
+        also on failure).
 
-        A failure is recorded (summary.json `failed`, error.txt) once this attempt has written its
-        run.json, or when it crashed building a fresh run. Before that, a refusal (a ConfigError: bad
-        data, a checkpoint of other data) writes nothing, and a directory holding an earlier run
-        keeps that run's files as they were."""
-        cfg, run_dir, summary, logger, found = self.cfg, self.run_dir, self.summary, self.logger, self.found
-        dist = self.dist
-        writer = RunWriter(run_dir, append=found is not None) if dist.is_main else NullWriter()
-        fresh = found is None and self.previous is None
-        started = record = False
+        A failure is recorded (summary.json `failed`, error.txt) once this attempt has started
+        writing (its rows, its run.json), or when it crashed building a fresh run. Before that, a
+        refusal (a ConfigError: bad data, W&B without credentials, a checkpoint of other data)
+        writes nothing, and a directory holding an earlier run keeps that run's files as they were."""
+        summary, dist = self.summary, self.dist
+        writer = RunWriter(self.run_dir, append=self.found is not None) if dist.is_main else NullWriter()
+        fresh = self.found is None and self.previous is None
+        record = False
         t0 = time.perf_counter()
         try:
             trainer = self._build(writer)
-            summary.backend = trainer.backend.name
-            run_json = _run_json(self.config, cfg, trainer, self.previous, found[1] if found else None)
-            run_json["config_warnings"] = config_warnings  # printed once at validation; kept for the report
-            logger.update_config(wandb_config(run_json))  # filterable resolved.* keys (backend that ran, TE)
-            writer.write_run({**run_json, "wandb": logger.describe()})
-            started = True
-            log.info(
-                "run dir %s  (backend=%s, recipe=%s, hardware=%s)",
-                run_dir,
-                trainer.backend.name,
-                cfg.recipe.name,
-                cfg.hardware.name,
-            )
-            if resume_command:
-                log.info("to resume this run: %s", resume_command)
-                trainer.resume_hint = f"resume with: {resume_command}"
-            if trainer.start_step >= cfg.steps:
-                summary.status = A.COMPLETED
-                log.info("run %s is already complete (step %d)", run_dir, trainer.start_step)
-            else:
-                _user_code(trainer.fit, summary)
-            trainer.finalize(summary)
-            self._agree(failed=False)
-            summary.wall_time_s = time.perf_counter() - t0
-            if summary.status == A.PREEMPTED:
-                logger.mark_preempting()
-            logger.summary(asdict(summary))
+            with self.tracker as logger:
+                trainer.logger = logger
+                self._fit(trainer, writer, logger, resume_command, config_warnings, t0)
             record = True
         except BaseException as exc:  # noqa: BLE001 - the summary must say how the run ended, then re-raise
             summary.status = A.PREEMPTED if isinstance(exc, KeyboardInterrupt) else A.FAILED
             summary.error = f"{type(exc).__name__}: {exc}".strip()
-            # before this attempt wrote anything: a refusal (a user error) writes nothing, and an
-            # earlier run's files stay as they were whatever happened
-            record = started or (fresh and not isinstance(exc, USER_ERRORS))
+            record = self.started or (fresh and not isinstance(exc, USER_ERRORS))
             if record:
                 _write_quietly(writer.error, f"{summary.error}\n\n{traceback.format_exc()}")
             elif not isinstance(exc, (*USER_ERRORS, KeyboardInterrupt)):
                 log.error("%s (the earlier run's files are left as they were)", summary.error, exc_info=True)
             if dist.active:
-                A.write_rank_failure(run_dir, dist.rank, summary.error, traceback.format_exc())  # first
+                A.write_rank_failure(self.run_dir, dist.rank, summary.error, traceback.format_exc())  # first
                 self._agree(failed=True)
-                _rank_failed(run_dir, dist, summary)
+                _rank_failed(self.run_dir, dist, summary)
             raise
         finally:
             summary.wall_time_s = time.perf_counter() - t0
@@ -211,11 +182,44 @@ class _Job:
             writer.close()
         return summary
 
+    def _fit(self, trainer: Trainer, writer, logger, resume_command, config_warnings, t0: float) -> None:
+        cfg, run_dir, summary, found = self.cfg, self.run_dir, self.summary, self.found
+        self.started = True
+        if found and self.dist.is_main:
+            dropped = R.truncate_rows(run_dir, found[1])
+            log.info("resuming %s from %s (rows dropped after its step: %s)", run_dir, found[0].name, dropped)
+        summary.backend = trainer.backend.name
+        run_json = _run_json(self.config, cfg, trainer, self.previous, found[1] if found else None)
+        run_json["config_warnings"] = config_warnings  # printed once at validation; kept for the report
+        logger.update_config(wandb_config(run_json))  # filterable resolved.* keys (backend that ran, TE)
+        writer.write_run({**run_json, "wandb": logger.describe()})
+        log.info(
+            "run dir %s  (backend=%s, recipe=%s, hardware=%s)",
+            run_dir,
+            trainer.backend.name,
+            cfg.recipe.name,
+            cfg.hardware.name,
+        )
+        if resume_command:
+            log.info("to resume this run: %s", resume_command)
+            trainer.resume_hint = f"resume with: {resume_command}"
+        if trainer.start_step >= cfg.steps:
+            summary.status = A.COMPLETED
+            log.info("run %s is already complete (step %d)", run_dir, trainer.start_step)
+        else:
+            _user_code(trainer.fit, summary)
+        trainer.finalize(summary)
+        self._agree(failed=False)
+        summary.wall_time_s = time.perf_counter() - t0
+        if summary.status == A.PREEMPTED:
+            logger.mark_preempting()
+        logger.summary(asdict(summary))
+
     def _build(self, writer) -> Trainer:
         """The Trainer, with the checkpoint's state when resuming. A ValueError here is the config's
         (a bad data path, vocabulary, recipe; a checkpoint of other data): a ConfigError, exit code 2."""
         try:
-            trainer = _user_code(Trainer, self.cfg, self.run_dir, writer, self.logger, self.stop, self.dist)
+            trainer = _user_code(Trainer, self.cfg, self.run_dir, writer, None, self.stop, self.dist)
             if self.found:
                 trainer.load_state_dict(self.found[2], self.summary)
         except ValueError as exc:
