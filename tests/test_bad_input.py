@@ -269,6 +269,18 @@ def test_resume_never_moves_the_old_run_aside(tmp_path, capsys):
     assert (aside / "metrics.jsonl").read_text() == before and (aside / "checkpoints").is_dir()
 
 
+def test_starting_over_without_a_checkpoint_keeps_the_earlier_files(tmp_path, capsys):
+    """A run dir with an earlier run but no checkpoint (killed before its first one, or
+    checkpoint_interval=-1): the new run starts over and the earlier files move aside, not
+    overwritten (before: metrics.jsonl and summary.json were rewritten)."""
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", "checkpoint_interval=-1")[0] == 0
+    before = {n: (tmp_path / n).read_text() for n in ("metrics.jsonl", "summary.json")}
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", "checkpoint_interval=-1", "seed=1")[0] == 0
+    (aside,) = tmp_path.glob("replaced_*")
+    assert {n: (aside / n).read_text() for n in before} == before
+    assert json.loads((tmp_path / "summary.json").read_text())["seed"] == 1
+
+
 def test_resume_must_without_checkpoint(tmp_path, capsys):
     refused(capsys, tmp_path, "resume=must", match=("resume=must", "no usable checkpoint"))
 

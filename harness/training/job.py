@@ -188,6 +188,9 @@ class _Job:
         if found and self.dist.is_main:
             dropped = R.truncate_rows(run_dir, found[1])
             log.info("resuming %s from %s (rows dropped after its step: %s)", run_dir, found[0].name, dropped)
+        elif self.previous is not None and self.dist.is_main:  # an earlier run without a checkpoint
+            moved = R.move_aside(run_dir)
+            log.warning("no checkpoint to resume from: starting over; the earlier files are in %s", moved)
         summary.backend = trainer.backend.name
         run_json = _run_json(self.config, cfg, trainer, self.previous, found[1] if found else None)
         run_json["config_warnings"] = config_warnings  # printed once at validation; kept for the report
