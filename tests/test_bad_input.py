@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import torch
 from harness import train as T
 from harness.lifecycle import checkpoint as C
 from harness.lifecycle.runlock import RunLock
+from tests.faults import read_only, tmpfs
 from tests.helpers import REPO, TINY, run_main
 from tests.test_data import random_docs, write_megatron
 
@@ -34,7 +36,9 @@ def cli(capsys, *args: str) -> tuple[int, str]:
 
 
 def refused(capsys, run_dir: Path, *args: str, code: int = 2, match: str | tuple = ()) -> str:
-    """The run is refused with `code` and one error line holding every string of `match`."""
+    """The run is refused with `code` and one error line holding every string of `match`; a config
+    refused in a new run directory leaves none behind (not even Hydra's .hydra/ and train.log)."""
+    existed = run_dir.exists()
     got, err = cli(capsys, *FAST, f"hydra.run.dir={run_dir}", *args)
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert got == code, err
@@ -42,6 +46,8 @@ def refused(capsys, run_dir: Path, *args: str, code: int = 2, match: str | tuple
     assert "Traceback" not in err, err
     for needle in (match,) if isinstance(match, str) else match:
         assert needle in lines[0], lines[0]
+    if code == 2 and not existed:
+        assert not run_dir.exists(), f"a refused run left {sorted(p.name for p in run_dir.iterdir())}"
     return lines[0]
 
 
@@ -79,6 +85,9 @@ CONFIG_CASES = {
     "loss_chunks": (["model.lm_head_loss_chunks=-1"], "model.lm_head_loss_chunks=-1"),
     "steps_zero": (["steps=0"], "steps=0"),
     "lr_negative": (["optimizer.lr=-1"], ("optimizer.lr=-1", "positive learning rate")),
+    "lr_inf": (["optimizer.lr=inf"], ("optimizer.lr=inf", "positive learning rate")),
+    "init_std_negative": (["model.init_method_std=-1"], ("model.init_method_std=-1", "init_method_std=0.02")),
+    "init_std_nan": (["model.init_method_std=nan"], "model.init_method_std=nan"),
     "min_lr_above_lr": (["optimizer.min_lr=1"], ("optimizer.min_lr=1", "min_lr <= lr")),
     "warmup_negative": (["optimizer.warmup_steps=-1"], "optimizer.warmup_steps=-1"),
     "betas": (["optimizer.betas=[0.9,1.5]"], "optimizer.betas"),
@@ -95,6 +104,10 @@ CONFIG_CASES = {
     "te_on_cpu": (["backend=te"], ("backend=te with hardware=cpu", "backend=emulated")),
     "data_vocab_too_big": (["data.vocab_size=300"], ("data.vocab_size=300", "model.vocab_size=256")),
     "too_few_tokens": (["data.num_tokens=40"], ("only", "tokens", "seq_length")),
+    "too_many_tokens": (  # 2 PB: more than any address space, so the allocation fails everywhere
+        ["data.num_tokens=1000000000000000"],
+        ("data.num_tokens=1000000000000000", "does not fit", "lower data.num_tokens"),
+    ),
     "eval_tokens_too_many": (["data.num_tokens=3000", "eval_tokens=100000"], ("eval_tokens=100000", "lower")),
     "factory_import": (
         ["recipe=custom", "recipe.fp8=e4m3", "recipe.quantizer_factory=no_such_module:f"],
@@ -110,8 +123,7 @@ CONFIG_CASES = {
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
 def test_config_error(case, tmp_path, capsys):
     overrides, match = CONFIG_CASES[case]
-    refused(capsys, tmp_path / "run", *overrides, match=match)
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any work
+    refused(capsys, tmp_path / "run", *overrides, match=match)  # and no run dir left
 
 
 # -- Hydra's own composition errors keep Hydra's message and exit code 1 ------------------------------
@@ -143,6 +155,15 @@ def test_missing_data_file(tmp_path, capsys):
     refused(
         capsys, tmp_path / "r", *DATA, f"data.path={tmp_path}/nope.bin", match=("data.path=", "no such file")
     )
+
+
+def test_refused_data_opens_no_wandb_run(tmp_path, capsys):
+    """The default logger (W&B offline) is opened only once the trainer is built: a refused data
+    file leaves no W&B run, hence no run directory (before: a crashed offline run in wandb/)."""
+    refused(
+        capsys, tmp_path / "r", *DATA, f"data.path={tmp_path}/nope.bin", "logger=wandb",
+        "logger.wandb.mode=offline", match=("data.path=", "no such file"),
+    )  # fmt: skip
 
 
 def test_empty_data_file(tmp_path, capsys):
@@ -248,6 +269,18 @@ def test_resume_never_moves_the_old_run_aside(tmp_path, capsys):
     assert (aside / "metrics.jsonl").read_text() == before and (aside / "checkpoints").is_dir()
 
 
+def test_starting_over_without_a_checkpoint_keeps_the_earlier_files(tmp_path, capsys):
+    """A run dir with an earlier run but no checkpoint (killed before its first one, or
+    checkpoint_interval=-1): the new run starts over and the earlier files move aside, not
+    overwritten (before: metrics.jsonl and summary.json were rewritten)."""
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", "checkpoint_interval=-1")[0] == 0
+    before = {n: (tmp_path / n).read_text() for n in ("metrics.jsonl", "summary.json")}
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", "checkpoint_interval=-1", "seed=1")[0] == 0
+    (aside,) = tmp_path.glob("replaced_*")
+    assert {n: (aside / n).read_text() for n in before} == before
+    assert json.loads((tmp_path / "summary.json").read_text())["seed"] == 1
+
+
 def test_resume_must_without_checkpoint(tmp_path, capsys):
     refused(capsys, tmp_path, "resume=must", match=("resume=must", "no usable checkpoint"))
 
@@ -273,28 +306,49 @@ def test_corrupted_checkpoints(tmp_path, capsys):
     assert (tmp_path / "metrics.jsonl").read_text() == before
 
 
-def test_full_disk_at_a_checkpoint_keeps_earlier_files(tmp_path, capsys, monkeypatch):
-    real = C._dcp_save
+def test_full_disk_at_a_checkpoint_keeps_earlier_files(tmp_path, capsys):
+    """A real full disk: a tmpfs with room for one checkpoint of gpt_tiny (1.8 MB) and the files."""
+    with tmpfs(tmp_path / "run", 2_600_000) as run_dir:
+        line = refused(
+            capsys, run_dir, "checkpoint_interval=2", code=1,
+            match=("cannot write checkpoint 4", str(run_dir / "checkpoints"), "No space left on device",
+                   "disk is full", "free space", "restart to resume"),
+        )  # fmt: skip
+        assert [p.name for p in C.candidates(run_dir)] == ["step_00000002"]
+        assert C.load_latest(run_dir)[1] == 2 and not list((run_dir / "checkpoints").glob(".tmp*"))
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if "loss/train" in r] == [1, 2, 4]  # all logged before the failure
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "failed" and "No space left" in (run_dir / "error.txt").read_text()
+        assert line in job_log(run_dir)
 
-    def full_at_4(tensors, path):
-        if path.name.startswith(".tmp-step_00000004"):
-            raise OSError(28, "No space left on device")
-        real(tensors, path)
 
-    monkeypatch.setattr(C, "_dcp_save", full_at_4)
-    refused(
-        capsys,
-        tmp_path,
-        "checkpoint_interval=2",
-        code=1,
-        match=("cannot write checkpoint 4", "No space left on device"),
-    )
-    assert [p.name for p in C.candidates(tmp_path)] == ["step_00000002"]
-    assert C.load_latest(tmp_path)[1] == 2 and not list((tmp_path / "checkpoints").glob(".tmp*"))
+def test_read_only_checkpoint_dir_keeps_earlier_checkpoints(tmp_path, capsys):
+    """A real read-only directory (a read-only bind mount: root ignores file modes): checkpoint 4 of
+    a resumed run cannot be written; checkpoint 2 and the rows stay, the run dir records the failure."""
+    args = ("checkpoint_interval=2", "checkpoint_keep=3")
+    assert cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", *args)[0] == 0
+    shutil.rmtree(tmp_path / "checkpoints" / "step_00000004")  # as if the run had stopped after step 2
+    with read_only(tmp_path / "checkpoints"):
+        refused(
+            capsys, tmp_path, *args, code=1,
+            match=("cannot write checkpoint 4", "Read-only file system", "make it writable", "to resume"),
+        )  # fmt: skip
+    assert [p.name for p in C.candidates(tmp_path)] == ["step_00000002"] and C.load_latest(tmp_path)[1] == 2
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss/train" in r] == [1, 2, 4]  # all logged before the failure
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "failed" and "No space left" in (tmp_path / "error.txt").read_text()
+    assert [r["step"] for r in rows if "loss/train" in r] == [1, 2, 4]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+    assert "Read-only file system" in (tmp_path / "error.txt").read_text()
+
+
+def test_run_dir_on_a_read_only_file_system(tmp_path, capsys):
+    """Hydra writes .hydra/ before the job starts: the run dir is checked first (one line, not
+    Hydra's traceback)."""
+    with read_only(tmp_path / "ro") as ro:
+        refused(
+            capsys, ro / "run", code=1,
+            match=(f"hydra.run.dir={ro / 'run'}", "read-only file system", "use another hydra.run.dir"),
+        )  # fmt: skip
 
 
 def test_unwritable_checkpoint_dir_keeps_earlier_files(tmp_path, capsys):
@@ -306,7 +360,7 @@ def test_unwritable_checkpoint_dir_keeps_earlier_files(tmp_path, capsys):
         tmp_path,
         "checkpoint_interval=2",
         code=1,
-        match=("cannot write checkpoint 2", "File exists", "restart to resume"),
+        match=("cannot write checkpoint 2", "File exists (a file is in the way)", "restart to resume"),
     )
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -327,24 +381,88 @@ def test_unique_run_dir_when_two_start_in_one_second():
     assert first != second and first.rsplit("/", 1)[0] == second.rsplit("/", 1)[0]
 
 
+# -- crashes and refusals while a run starts ----------------------------------------------------------
+FACTORY = """
+import sys
+
+def raises(role, recipe):
+    raise RuntimeError("factory exploded")
+
+def exits(role, recipe):
+    sys.exit(3)
+"""
+
+
+@pytest.fixture
+def factory(tmp_path, monkeypatch, request) -> str:
+    """An importable module of quantizer factories that fail (a unique name per test)."""
+    name = f"bad_factory_{request.node.name.replace('[', '_').replace(']', '').replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+CUSTOM = ["recipe=custom", "recipe.fp8=e4m3"]
+
+
+@pytest.mark.parametrize("fn", ["raises", "exits"])
+def test_crash_while_the_trainer_is_built_is_recorded(fn, factory, tmp_path, capsys):
+    """User code that raises or calls sys.exit while the trainer is built: exit 1, one line that
+    points to error.txt, and the run dir says `failed` (before: no files, or the process just ended)."""
+    run_dir = tmp_path / "run"
+    line = refused(capsys, run_dir, *CUSTOM, f"recipe.quantizer_factory={factory}:{fn}", code=1)
+    assert f"(traceback in {run_dir / 'error.txt'})" in line
+    summary = json.loads((run_dir / "summary.json").read_text())
+    expected = "factory exploded" if fn == "raises" else "sys.exit(3)"
+    assert summary["status"] == "failed" and expected in summary["error"]
+    assert expected in (run_dir / "error.txt").read_text() and line in job_log(run_dir)
+
+
+@pytest.mark.slow  # wandb.init asks git for the code's repository (a process)
+def test_wandb_online_without_credentials_is_refused(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    refused(
+        capsys, tmp_path / "run", "logger=wandb", "logger.wandb.mode=online",
+        match=("logger.wandb.mode=online", "wandb login", "logger.wandb.mode=offline"),
+    )  # fmt: skip
+
+
+def test_refusal_after_the_lock_leaves_no_run_dir(tmp_path, capsys):
+    refused(capsys, tmp_path / "run", "resume=must", match="no usable checkpoint")
+
+
+def test_completed_run_started_again_on_changed_data_keeps_its_files(tmp_path, capsys):
+    """A refusal before the attempt wrote anything leaves the earlier run's files as they were."""
+    path = memmap(tmp_path / "t.bin", np.arange(20000) % 200)
+    args = (*DATA, f"data.path={path}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert cli(capsys, *FAST, *args)[0] == 0
+    before = {n: (tmp_path / "run" / n).read_text() for n in ("summary.json", "run.json", "metrics.jsonl")}
+    memmap(path, (np.arange(20000) * 7) % 200)  # the same file, other tokens
+    code, err = cli(capsys, *FAST, *args)
+    assert code == 2 and "data order" in err and err.count("error:") == 1, err
+    assert {n: (tmp_path / "run" / n).read_text() for n in before} == before
+    assert not (tmp_path / "run" / "error.txt").exists()
+
+
 # -- failures never stop a sweep; divergence is a clean end ------------------------------------------
-def test_failing_job_does_not_stop_the_sweep(tmp_path, capsys, monkeypatch):
-    real = T.Trainer.train_step
-
-    def fail_for_seed_0(self, step):
-        if self.cfg.seed == 0:
-            raise RuntimeError("simulated crash in job 0")
-        return real(self, step)
-
-    monkeypatch.setattr(T.Trainer, "train_step", fail_for_seed_0)
-    code, err = cli(capsys, "-m", *FAST, "seed=0,1", f"hydra.sweep.dir={tmp_path}")
-    assert code == 0, err
+def test_failing_job_does_not_stop_the_sweep(factory, tmp_path, capsys):
+    """Job 0 fails, job 1 still runs; the multirun then exits 1 naming the failed job, whose
+    train.log holds its error line."""
+    factories = f"recipe.quantizer_factory={factory}:raises,harness.numerics.custom:tensorwise_factory"
+    code, err = cli(capsys, "-m", *FAST, *CUSTOM, factories, f"hydra.sweep.dir={tmp_path}")
+    assert code == 1, err
     (job0,) = tmp_path.glob("0_*")
     (job1,) = tmp_path.glob("1_*")
     assert json.loads((job0 / "summary.json").read_text())["status"] == "failed"
-    assert "simulated crash in job 0" in (job0 / "error.txt").read_text()
+    assert "factory exploded" in (job0 / "error.txt").read_text()
     assert "Traceback" in (job0 / "error.txt").read_text()
+    assert "error: RuntimeError: factory exploded" in job_log(job0)
     assert json.loads((job1 / "summary.json").read_text())["status"] == "completed"
+    assert err.splitlines()[-1].startswith(f"error: 1 of 2 jobs failed ({job0.name})"), err
 
 
 def test_divergence_ends_cleanly_with_exit_0(tmp_path, capsys):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from harness.lifecycle import checkpoint as C
+from tests.faults import tmpfs
 
 
 def tree():
@@ -54,17 +55,31 @@ def test_keeps_the_newest_k(tmp_path):
     assert [p.name for p in C.candidates(tmp_path)] == ["step_00000008", "step_00000006"]
 
 
-def test_interrupted_write_leaves_previous_checkpoint_and_no_partial_one(tmp_path, monkeypatch):
-    C.save(tmp_path, 2, {"x": torch.tensor([2])}, keep=3)
+def test_full_disk_leaves_previous_checkpoint_and_no_partial_one(tmp_path):
+    """A real full disk (a tmpfs with room for one checkpoint): DCP's CheckpointException is
+    unwrapped into a CheckpointError naming the path, the cause and the fix."""
+    big = {"x": torch.zeros(64 * 1024)}  # 256 KiB
+    with tmpfs(tmp_path / "run", 400_000) as run_dir:
+        C.save(run_dir, 2, big, keep=3)
+        with pytest.raises(C.CheckpointError) as err:
+            C.save(run_dir, 4, {"x": torch.ones(64 * 1024)}, keep=3)
+        assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000002"]
+        assert C.load_latest(run_dir)[1] == 2
+    message = str(err.value)
+    assert "cannot write checkpoint 4" in message and str(run_dir / "checkpoints") in message
+    assert "No space left on device (the disk is full); free space there" in message
 
-    def boom(*a, **k):
-        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(C, "_write_json", boom)
-    with pytest.raises(OSError):
-        C.save(tmp_path, 4, {"x": torch.tensor([4])}, keep=3)
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
-    assert C.load_latest(tmp_path)[1] == 2
+def test_a_corrupted_checkpoint_does_not_count_toward_keep(tmp_path):
+    C.save(tmp_path, 2, {"x": torch.tensor([2.0])}, keep=2)
+    newest = C.save(tmp_path, 4, {"x": torch.tensor([4.0])}, keep=2)
+    data = next(newest.glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:-3])
+    C.save(tmp_path, 6, {"x": torch.tensor([6.0])}, keep=2)
+    # two usable ones are kept (6 and 2); the corrupted 4 stays until it is older than both
+    assert [p.name for p in C.candidates(tmp_path)] == ["step_00000006", "step_00000004", "step_00000002"]
+    C.save(tmp_path, 8, {"x": torch.tensor([8.0])}, keep=2)
+    assert [p.name for p in C.candidates(tmp_path)] == ["step_00000008", "step_00000006"]
 
 
 @pytest.mark.parametrize("damage", ["flip_byte", "truncate", "no_manifest", "bad_state"])

@@ -362,9 +362,11 @@ class Config:
     telemetry_interval: int = 0
     """Steps between numerics telemetry rows; 0 = off."""
     checkpoint_interval: int | None = None
-    """Steps between checkpoints; null = every 10% of the steps; 0 = only at the end; -1 = never."""
+    """Steps between checkpoints; null = every 10% of the steps; 0 = only at the end; -1 = only when
+    a signal stops the run (a stopped run always resumes)."""
     checkpoint_keep: int = 2
-    """How many of the newest checkpoints are kept (a corrupted newest falls back to the previous)."""
+    """How many of the newest usable checkpoints are kept (a corrupted one does not count; a corrupted
+    newest falls back to the previous)."""
     resume: str = "auto"
     """auto: resume from the run dir's checkpoint if it has one; never: start fresh (the old files
     are moved aside, not deleted); must: refuse to start without a checkpoint."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import errno
 import json
 import math
 import os
@@ -55,10 +56,34 @@ def dumps(obj) -> str:
     return json.dumps(_clean(obj), default=_json_default, allow_nan=False)
 
 
+_OS_ERRORS = {  # errno -> (what it means here, the fix)
+    errno.ENOSPC: ("the disk is full", "free space there"),
+    errno.EDQUOT: ("the disk quota is used up", "free space there or raise the quota"),
+    errno.EROFS: ("", "make it writable or use another hydra.run.dir"),
+    errno.EACCES: ("", "make it writable for this user or use another hydra.run.dir"),
+    errno.EPERM: ("", "make it writable for this user or use another hydra.run.dir"),
+    errno.EEXIST: ("a file is in the way", "move that file away"),
+    errno.ENOTDIR: ("a file is in the way", "move that file away"),
+}
+
+
+def os_error_text(exc: OSError, where: Path | str | None = None) -> str:
+    """A file-system error for an `error:` line: the path (the error's own, else `where`), the cause
+    and the fix (`/runs/x/checkpoints: No space left on device (the disk is full); free space there`)."""
+    meaning, fix = _OS_ERRORS.get(exc.errno, ("", "check that path"))
+    path = exc.filename or where
+    cause = (exc.strerror or str(exc)) + (f" ({meaning})" if meaning else "")
+    return f"{path}: {cause}; {fix}" if path else f"{cause}; {fix}"
+
+
 def write_json_atomic(path: Path, obj) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # ranks of one job may write at once
-    tmp.write_text(json.dumps(_clean(obj), default=_json_default, indent=1, allow_nan=False))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(_clean(obj), default=_json_default, indent=1, allow_nan=False))
+        os.replace(tmp, path)
+    except OSError:  # a full disk: no half-written temporary left beside the file
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def git_state() -> dict:
@@ -225,7 +250,7 @@ class RunWriter:
         self._numerics.flush()
 
     def summary(self, summary: Summary) -> None:
-        self._open()
+        self.dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.dir / "summary.json", dataclasses.asdict(summary))
 
     def error(self, text: str) -> None:

@@ -16,14 +16,18 @@ is read through an unpickler that only admits DCP's metadata dataclasses, torch 
 so opening a checkpoint cannot run code.
 
 Writes are atomic: a temporary directory beside the final one, every file fsynced, one rename, the
-parent fsynced. The newest `keep` checkpoints are kept. A checkpoint that fails its manifest or does
-not load is skipped with a warning and the next older one is used.
+parent fsynced. A write that fails (a full disk, a read-only directory) removes its temporary directory
+and raises CheckpointError naming the path, the cause and the fix; one cut short by SIGKILL leaves it
+behind, and the next start of the run removes it (`remove_partial`). The newest `keep` checkpoints
+that pass their manifest are kept (a corrupted one does not count). A checkpoint that fails its
+manifest or does not load is skipped with a warning and the next older one is used.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import io
 import json
 import logging
@@ -37,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from harness.lifecycle.artifacts import os_error_text
+
 log = logging.getLogger("lowp")
 
 DIRNAME = "checkpoints"
@@ -44,11 +50,20 @@ STATE = "state.json"
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
 _PREFIX = "step_"
+_TMP = ".tmp-"
 _TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
 
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint where one was required, or one that cannot be written."""
+
+
+def _unwrapped(exc: BaseException) -> BaseException:
+    """DCP reports each rank's error inside its CheckpointException, a BaseException that an
+    `except Exception` misses: the first rank's own error instead (a full disk's OSError, a second
+    Ctrl-C's KeyboardInterrupt)."""
+    failures = getattr(exc, "failures", None) or {}
+    return failures[min(failures)][0] if failures else exc
 
 
 # -- the state tree <-> (tensors, JSON skeleton) -------------------------------------------------------
@@ -171,13 +186,24 @@ def _dcp_save(tensors: dict[str, torch.Tensor], path: Path, sharded: bool = Fals
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
+    writer = FileSystemWriter(str(path), sync_files=True)
     if sharded:
-        dcp.save(tensors, storage_writer=FileSystemWriter(str(path), sync_files=True))
+        _dcp(dcp.save, tensors, storage_writer=writer)
         return
     cpu = {k: v.cpu() for k, v in tensors.items()}  # DCP stages device tensors itself; CPU keeps it simple
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.save(cpu, storage_writer=FileSystemWriter(str(path), sync_files=True), no_dist=True)
+        _dcp(dcp.save, cpu, storage_writer=writer, no_dist=True)
+
+
+def _dcp(call, *args, **kwargs):
+    """A DCP call with its CheckpointException unwrapped (see `_unwrapped`)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        return call(*args, **kwargs)
+    except CheckpointException as exc:
+        raise _unwrapped(exc) from exc
 
 
 def _dcp_load(path: Path) -> dict[str, torch.Tensor]:
@@ -194,7 +220,7 @@ def _dcp_load(path: Path) -> dict[str, torch.Tensor]:
         out[key] = torch.empty(md.size, dtype=md.properties.dtype)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.load(out, storage_reader=_reader(path), no_dist=True)
+        _dcp(dcp.load, out, storage_reader=_reader(path), no_dist=True)
     return out
 
 
@@ -271,14 +297,15 @@ def _save_ranks(run_dir: Path, step: int, tree: dict, keep: int, dist, sharded: 
 def _save(run_dir: Path, step: int, tree: dict, keep: int, dist=None, tmp_tag: str | None = None) -> Path:
     main = dist is None or dist.is_main
     root = Path(run_dir) / DIRNAME
-    root.mkdir(parents=True, exist_ok=True)
     final = root / name_of(step)
-    tmp = root / f".tmp-{final.name}-{tmp_tag or os.getpid()}"
-    if main and tmp.exists():
-        shutil.rmtree(tmp)
-    if dist is not None:
-        dist.barrier()
+    tmp = root / f"{_TMP}{final.name}-{tmp_tag or os.getpid()}"
+    tensors: dict[str, torch.Tensor] = {}
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        if main and tmp.exists():
+            shutil.rmtree(tmp)
+        if dist is not None:
+            dist.barrier()
         tensors, skeleton = split(tree)
         if dist is None:
             _dcp_save(tensors, tmp)
@@ -300,17 +327,86 @@ def _save(run_dir: Path, step: int, tree: dict, keep: int, dist=None, tmp_tag: s
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync(root)
-    except BaseException:
-        if main:
-            shutil.rmtree(
-                tmp, ignore_errors=True
-            )  # an interrupted write leaves the older checkpoints as they were
+    except BaseException as exc:
+        if main:  # an interrupted write leaves the older checkpoints as they were
+            shutil.rmtree(tmp, ignore_errors=True)
+        cause = exc if isinstance(exc, OSError) else _no_space(root, exc, tensors)
+        if cause is not None:
+            raise CheckpointError(
+                f"cannot write checkpoint {step}: {os_error_text(cause, root)}, then restart to resume "
+                "from the last checkpoint (the earlier checkpoints are kept)"
+            ) from exc
         raise
-    for old in candidates(run_dir)[max(1, keep) :]:
-        shutil.rmtree(old, ignore_errors=True)
+    _VERIFIED[final] = _stamp(final)
+    _retain(run_dir, keep)
     if dist is not None:
         dist.barrier()
     return final
+
+
+def _no_space(root: Path, exc: BaseException, tensors: dict[str, torch.Tensor]) -> OSError | None:
+    """A full disk that torch did not report as one: its zip writer (DCP's small items) turns ENOSPC
+    into a RuntimeError ('unexpected pos'). The file system says whether the tensors had room."""
+    if not isinstance(exc, RuntimeError):
+        return None
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return None
+    need = sum(t.numel() * t.element_size() for t in tensors.values())
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if st.f_bavail * st.f_frsize < need else None
+
+
+_VERIFIED: dict[Path, tuple] = {}
+"""Checkpoints this process wrote or verified, with the size and mtime of each file then: retention
+reads a checkpoint's files again only when one of them changed, not at every save."""
+
+
+def _stamp(path: Path) -> tuple:
+    return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir()))
+
+
+def _verified(path: Path) -> bool:
+    try:
+        stamp = _stamp(path)
+        if _VERIFIED.get(path) != stamp:
+            verify(path)
+            _VERIFIED[path] = stamp
+    except Exception:  # noqa: BLE001 - any failure to read it means: not a checkpoint to count
+        return False
+    return True
+
+
+def _retain(run_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` (>= 1) checkpoints that pass their manifest; remove every older one. A
+    corrupted checkpoint does not count: it stays only while it is newer than the ones kept."""
+    kept = 0
+    for path in candidates(run_dir):
+        if kept >= max(1, keep):
+            shutil.rmtree(path, ignore_errors=True)
+            _VERIFIED.pop(path, None)
+        elif _verified(path):
+            kept += 1
+
+
+def remove_partial(run_dir: Path) -> list[str]:
+    """Remove the temporary directories of checkpoint writes that were killed (SIGKILL, a lost node)
+    before their rename; the run's writer calls it at its start, holding the run lock. Returns their
+    names."""
+    root = Path(run_dir) / DIRNAME
+    if not root.is_dir():
+        return []
+    partial = sorted(p for p in root.iterdir() if p.name.startswith(_TMP) and p.is_dir())
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    if partial:
+        log.warning(
+            "removed %d partial checkpoint(s) of an interrupted write in %s: %s",
+            len(partial),
+            root,
+            ", ".join(p.name for p in partial),
+        )
+    return [p.name for p in partial]
 
 
 def key_by_name(sd: dict, names: list[str]) -> dict:

@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from harness.config.errors import ConfigError
 from harness.config.schema import LoggerConfig
 from harness.lifecycle.metrics import TOKENS
 
@@ -126,7 +127,9 @@ def open_logger(
     import wandb
 
     w = cfg.wandb
-    run = wandb.init(
+    run = _init(
+        wandb,
+        w.mode,
         project=w.project,
         entity=w.entity,
         group=w.group or group,
@@ -135,7 +138,6 @@ def open_logger(
         tags=sorted({t[:WANDB_TAG_MAX] for t in (*tags, *w.tags)}),
         config=config,
         dir=str(run_dir),
-        mode=w.mode,
         reinit="finish_previous",
         id=run_id,
         resume="allow" if run_id else None,
@@ -155,6 +157,19 @@ def open_logger(
         except Exception as exc:  # noqa: BLE001 - e.g. its service process took the same SIGTERM
             # the run's own files are complete; W&B's shutdown must not turn a clean stop into a failure
             logging.getLogger("lowp").warning("W&B run %s did not finish cleanly: %s", run.id, exc)
+
+
+def _init(wandb, mode: str, **kwargs):
+    """wandb.init; no credentials or no connection for an online run is one line naming the fix
+    (a ConfigError, before the run writes anything)."""
+    try:
+        return wandb.init(mode=mode, **kwargs)
+    except (wandb.errors.UsageError, wandb.errors.AuthenticationError, wandb.errors.CommError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"logger.wandb.mode={mode}: W&B refused to start ({first}); log in with `wandb login` "
+            "(or set WANDB_API_KEY), or use logger.wandb.mode=offline and `wandb sync` later"
+        ) from exc
 
 
 def sweep_group(run_dir: Path) -> str | None:

@@ -37,6 +37,11 @@ USER_ERRORS = (ConfigError, RunDirLocked, ckpt.CheckpointError, OSError)
 """Errors of the user's setup, not of lowp: one line, no traceback, exit code 2 (config) or 1."""
 
 
+class UserCodeExit(RuntimeError):
+    """User code run by the trainer (a quantizer factory) called sys.exit: the run fails, and a
+    multirun's next job still starts (a SystemExit would end the whole process)."""
+
+
 def run(
     cfg: Config, run_dir: Path, stop: StopRequest | None = None, resume_command: str | None = None
 ) -> Summary:
@@ -67,15 +72,14 @@ def _run(
 ) -> Summary:
     lock = RunLock(run_dir) if dist.is_main else contextlib.nullcontext()
     with agree.agreed(dist, lock, refused=RunDirLocked):
+        if dist.is_main:
+            ckpt.remove_partial(run_dir)  # a write killed by SIGKILL: its temporary directory
         found = agree.agreed_start(
             dist,
             lambda: R.resume_point(cfg.resume, run_dir, asdict(cfg)),
             lambda path: (path, *ckpt.load_one(path)),
         )
         previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
-        if found and dist.is_main:
-            dropped = R.truncate_rows(run_dir, found[1])
-            log.info("resuming %s from %s (rows dropped after its step: %s)", run_dir, found[0].name, dropped)
         backend_name = resolve_backend_name(cfg.backend.name, cfg.recipe.name)
         summary = Summary(
             recipe=cfg.recipe.name,
@@ -87,7 +91,7 @@ def _run(
             seed=cfg.seed,
         )
         config = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-        tracker = (
+        tracker = (  # opened once the trainer is built: a refused run leaves no W&B run behind
             open_logger(
                 cfg.logger,
                 run_dir=run_dir,
@@ -103,9 +107,8 @@ def _run(
             if dist.is_main
             else contextlib.nullcontext(NullLogger())
         )
-        with tracker as logger:
-            job = _Job(cfg, run_dir, summary, config, logger, stop or StopRequest(), found, previous, dist)
-            return job.train(resume_command, config_warnings)
+        job = _Job(cfg, run_dir, summary, config, tracker, stop or StopRequest(), found, previous, dist)
+        return job.train(resume_command, config_warnings)
 
 
 class _Job:
@@ -117,14 +120,15 @@ class _Job:
         run_dir: Path,
         summary: Summary,
         config: dict,
-        logger,
+        tracker,
         stop,
         found,
         previous,
         dist=D.SINGLE,
     ):
-        self.cfg, self.run_dir, self.summary, self.config, self.logger = cfg, run_dir, summary, config, logger
-        self.stop, self.found, self.previous, self.dist = stop, found, previous, dist
+        self.cfg, self.run_dir, self.summary, self.config = cfg, run_dir, summary, config
+        self.tracker, self.stop, self.found, self.previous, self.dist = tracker, stop, found, previous, dist
+        self.started = False  # this attempt has begun writing the run dir (its rows, its run.json)
 
     agreed = False
 
@@ -140,62 +144,111 @@ class _Job:
             raise RankFailed(f"another rank failed: {first[1] if first else 'see its error.rank*.txt'}")
 
     def train(self, resume_command: str | None, config_warnings: list[str]) -> Summary:
-        """Build the trainer, fit, and write the summary on every way out (atomic, also on failure)."""
-        cfg, run_dir, summary, logger, found = self.cfg, self.run_dir, self.summary, self.logger, self.found
-        dist = self.dist
-        writer = RunWriter(run_dir, append=found is not None) if dist.is_main else NullWriter()
-        try:
-            trainer = Trainer(cfg, run_dir, writer, logger, self.stop, dist)
-        except (
-            ValueError
-        ) as exc:  # bad data path, vocab, unsupported recipe: config problems, before any work
-            raise ConfigError(str(exc)) from exc
+        """Build the trainer, open the tracker, fit, and write the summary on every way out (atomic,
+        also on failure).
+
+        A failure is recorded (summary.json `failed`, error.txt) once this attempt has started
+        writing (its rows, its run.json), or when it crashed building a fresh run. Before that, a
+        refusal (a ConfigError: bad data, W&B without credentials, a checkpoint of other data)
+        writes nothing, and a directory holding an earlier run keeps that run's files as they were."""
+        summary, dist = self.summary, self.dist
+        writer = RunWriter(self.run_dir, append=self.found is not None) if dist.is_main else NullWriter()
+        fresh = self.found is None and self.previous is None
+        record = False
         t0 = time.perf_counter()
         try:
-            if found:
-                trainer.load_state_dict(found[2], summary)
-            summary.backend = trainer.backend.name
-            run_json = _run_json(self.config, cfg, trainer, self.previous, found[1] if found else None)
-            run_json["config_warnings"] = config_warnings  # printed once at validation; kept for the report
-            logger.update_config(wandb_config(run_json))  # filterable resolved.* keys (backend that ran, TE)
-            writer.write_run({**run_json, "wandb": logger.describe()})
-            log.info(
-                "run dir %s  (backend=%s, recipe=%s, hardware=%s)",
-                run_dir,
-                trainer.backend.name,
-                cfg.recipe.name,
-                cfg.hardware.name,
-            )
-            if resume_command:
-                log.info("to resume this run: %s", resume_command)
-                trainer.resume_hint = f"resume with: {resume_command}"
-            if trainer.start_step >= cfg.steps:
-                summary.status = A.COMPLETED
-                log.info("run %s is already complete (step %d)", run_dir, trainer.start_step)
-            else:
-                trainer.fit(summary)
-            trainer.finalize(summary)
-            self._agree(failed=False)
-            summary.wall_time_s = time.perf_counter() - t0
-            if summary.status == A.PREEMPTED:
-                logger.mark_preempting()
-            logger.summary(asdict(summary))
+            trainer = self._build(writer)
+            with self.tracker as logger:
+                trainer.logger = logger
+                self._fit(trainer, writer, logger, resume_command, config_warnings, t0)
+            record = True
         except BaseException as exc:  # noqa: BLE001 - the summary must say how the run ended, then re-raise
             summary.status = A.PREEMPTED if isinstance(exc, KeyboardInterrupt) else A.FAILED
             summary.error = f"{type(exc).__name__}: {exc}".strip()
-            writer.error(f"{summary.error}\n\n{traceback.format_exc()}")
+            record = self.started or (fresh and not isinstance(exc, USER_ERRORS))
+            if record:
+                _write_quietly(writer.error, f"{summary.error}\n\n{traceback.format_exc()}")
+            elif not isinstance(exc, (*USER_ERRORS, KeyboardInterrupt)):
+                log.error("%s (the earlier run's files are left as they were)", summary.error, exc_info=True)
             if dist.active:
-                A.write_rank_failure(run_dir, dist.rank, summary.error, traceback.format_exc())  # first
+                A.write_rank_failure(self.run_dir, dist.rank, summary.error, traceback.format_exc())  # first
                 self._agree(failed=True)
-                _rank_failed(run_dir, dist, summary)
-            where = "" if isinstance(exc, USER_ERRORS) else f" (traceback in {run_dir}/error.txt)"
-            log.error("run %s: %s%s", summary.status, summary.error, where)
+                _rank_failed(self.run_dir, dist, summary)
             raise
         finally:
             summary.wall_time_s = time.perf_counter() - t0
-            writer.summary(summary)
+            if record:
+                _write_quietly(writer.summary, summary)
             writer.close()
         return summary
+
+    def _fit(self, trainer: Trainer, writer, logger, resume_command, config_warnings, t0: float) -> None:
+        cfg, run_dir, summary, found = self.cfg, self.run_dir, self.summary, self.found
+        self.started = True
+        if found and self.dist.is_main:
+            dropped = R.truncate_rows(run_dir, found[1])
+            log.info("resuming %s from %s (rows dropped after its step: %s)", run_dir, found[0].name, dropped)
+        elif self.previous is not None and self.dist.is_main:  # an earlier run without a checkpoint
+            moved = R.move_aside(run_dir)
+            log.warning("no checkpoint to resume from: starting over; the earlier files are in %s", moved)
+        summary.backend = trainer.backend.name
+        run_json = _run_json(self.config, cfg, trainer, self.previous, found[1] if found else None)
+        run_json["config_warnings"] = config_warnings  # printed once at validation; kept for the report
+        logger.update_config(wandb_config(run_json))  # filterable resolved.* keys (backend that ran, TE)
+        writer.write_run({**run_json, "wandb": logger.describe()})
+        log.info(
+            "run dir %s  (backend=%s, recipe=%s, hardware=%s)",
+            run_dir,
+            trainer.backend.name,
+            cfg.recipe.name,
+            cfg.hardware.name,
+        )
+        if resume_command:
+            log.info("to resume this run: %s", resume_command)
+            trainer.resume_hint = f"resume with: {resume_command}"
+        if trainer.start_step >= cfg.steps:
+            summary.status = A.COMPLETED
+            log.info("run %s is already complete (step %d)", run_dir, trainer.start_step)
+        else:
+            _user_code(trainer.fit, summary)
+        trainer.finalize(summary)
+        self._agree(failed=False)
+        summary.wall_time_s = time.perf_counter() - t0
+        if summary.status == A.PREEMPTED:
+            logger.mark_preempting()
+        logger.summary(asdict(summary))
+
+    def _build(self, writer) -> Trainer:
+        """The Trainer, with the checkpoint's state when resuming. A ValueError here is the config's
+        (a bad data path, vocabulary, recipe; a checkpoint of other data): a ConfigError, exit code 2."""
+        try:
+            trainer = _user_code(Trainer, self.cfg, self.run_dir, writer, None, self.stop, self.dist)
+            if self.found:
+                trainer.load_state_dict(self.found[2], self.summary)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        return trainer
+
+
+def _user_code(fn, *args):
+    """Call `fn`, turning a SystemExit (user code such as a quantizer factory calling sys.exit) into
+    a failure of this run."""
+    try:
+        return fn(*args)
+    except SystemExit as exc:
+        raise UserCodeExit(
+            f"sys.exit({exc.code!r}) was called while the run was {'built' if fn is Trainer else 'training'} "
+            "(by user code such as recipe.quantizer_factory); code run by the trainer must raise, not exit"
+        ) from exc
+
+
+def _write_quietly(write, what) -> None:
+    """The failure's record; a run dir that takes no more (full, read-only) leaves it unwritten, with
+    a warning, and the failure itself is what the entry point reports."""
+    try:
+        write(what)
+    except OSError as exc:
+        log.warning("could not record the failure in the run dir: %s", A.os_error_text(exc))
 
 
 def _rank_failed(run_dir: Path, dist: D.Dist, summary: Summary) -> None:

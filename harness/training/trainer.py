@@ -72,6 +72,17 @@ def backend_spec(cfg: Config) -> BackendSpec:
     )
 
 
+def _data(cfg: Config):
+    """The run's token source; one that does not fit in memory is a ValueError naming its size."""
+    try:
+        return build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
+    except MemoryError as exc:
+        raise ValueError(
+            f"data.num_tokens={cfg.data.num_tokens}: data={cfg.data.name} does not fit in this machine's "
+            f"memory ({exc}); lower data.num_tokens"
+        ) from exc
+
+
 def init_weights(model: torch.nn.Module, path: str, model_cfg: ModelConfig) -> dict:
     """init_from: the model's weights from a Hugging Face checkpoint, before the optimizer copies
     them into its masters."""
@@ -109,7 +120,7 @@ class Trainer:
             # ranks beyond the GPU count share them (gloo tests on one GPU); NCCL needs one GPU each
             self.device = torch.device("cuda", self.dist.launch.local_rank % torch.cuda.device_count())
         seed_everything(cfg.seed)  # the same seed on every rank: the same initial weights
-        self.data = build_data(cfg.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length)
+        self.data = _data(cfg)
         self.backend = build_backend(backend_spec(cfg), self.device)
         self.backend.data_parallel_size = self.dist.world
         self.model = self.backend.build_model()
@@ -253,20 +264,13 @@ class Trainer:
 
     def checkpoint(self, step: int, summary: Summary) -> None:
         t0 = time.perf_counter()
-        try:
-            path = ckpt.save(
-                self.run_dir,
-                step + 1,
-                self.state_dict(step + 1, summary),
-                self.cfg.checkpoint_keep,
-                **({"dist": self.dist, "sharded": self.dist.fsdp} if self.dist.active else {}),
-            )
-        except OSError as exc:
-            raise ckpt.CheckpointError(
-                f"cannot write checkpoint {step + 1} under {self.run_dir / ckpt.DIRNAME} "
-                f"({exc.strerror or exc}); "
-                "free space or make it writable and restart to resume (the earlier checkpoints are intact)"
-            ) from exc
+        path = ckpt.save(  # a full disk or a read-only directory: CheckpointError, cause and fix
+            self.run_dir,
+            step + 1,
+            self.state_dict(step + 1, summary),
+            self.cfg.checkpoint_keep,
+            **({"dist": self.dist, "sharded": self.dist.fsdp} if self.dist.active else {}),
+        )
         log.info("checkpoint %s (%.2fs)", path, time.perf_counter() - t0)
 
     def _due(self, interval: int, step: int) -> bool:
@@ -315,7 +319,7 @@ class Trainer:
                     signal.SIGTERM
                 )  # a signal reaches the ranks at different times: all stop here
             if self.stop.requested and step + 1 < cfg.steps:
-                if not saved and interval >= 0:
+                if not saved:  # also with checkpoint_interval=-1: a preempted run always resumes
                     self.checkpoint(step, summary)
                 summary.status = A.PREEMPTED
                 log.warning("preempted after step %d/%d; %s", step + 1, cfg.steps, self.resume_hint)

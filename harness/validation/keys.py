@@ -1,7 +1,9 @@
 """The run-level keys: every key of a composed config names a schema field, and the numbers of the
-run, the schedule and the divergence rule are in range."""
+run, the schedule, the initialisation and the divergence rule are in range."""
 
 from __future__ import annotations
+
+import math
 
 from harness.config.errors import ConfigError
 from harness.config.schema import Config
@@ -9,14 +11,25 @@ from harness.config.schema import Config
 
 def run_errors(cfg: Config) -> list[str]:
     """Out-of-range numbers of the run-level keys, the schedule and the divergence rule."""
-    o, d = cfg.optimizer, cfg.divergence
-    checks = [
-        ("optimizer.lr", o.lr, o.lr > 0, "use a positive learning rate, e.g. optimizer.lr=3e-3"),
+    o, d, m = cfg.optimizer, cfg.divergence, cfg.model
+    checks = [  # math.isfinite: inf passes a `> 0`, and would train as a divergence, not be refused
+        (
+            "optimizer.lr",
+            o.lr,
+            math.isfinite(o.lr) and o.lr > 0,
+            "use a positive learning rate, e.g. optimizer.lr=3e-3",
+        ),
         (
             "optimizer.min_lr",
             o.min_lr,
-            0 <= o.min_lr,
+            math.isfinite(o.min_lr) and 0 <= o.min_lr,
             "use optimizer.min_lr >= 0 (min_lr <= lr is the Megatron rule in reference_rules)",
+        ),
+        (
+            "model.init_method_std",
+            m.init_method_std,
+            math.isfinite(m.init_method_std) and m.init_method_std >= 0,
+            "use a standard deviation >= 0, e.g. model.init_method_std=0.02",
         ),
         ("optimizer.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, "use 0 or more warm-up steps"),
         ("optimizer.clip_grad", o.clip_grad, o.clip_grad >= 0, "use 0 (off) or a positive norm, e.g. 1.0"),
@@ -41,7 +54,8 @@ def run_errors(cfg: Config) -> list[str]:
             "checkpoint_interval",
             cfg.checkpoint_interval,
             cfg.checkpoint_interval is None or cfg.checkpoint_interval >= -1,
-            "use null (every 10%), 0 (only at the end), -1 (never) or a number of steps",
+            "use null (every 10%), 0 (only at the end), -1 (only when a signal stops the run) or a number "
+            "of steps",
         ),
         ("checkpoint_keep", cfg.checkpoint_keep, cfg.checkpoint_keep >= 1, "keep at least 1 checkpoint"),
         ("bench_warmup_steps", cfg.bench_warmup_steps, cfg.bench_warmup_steps >= 0, "use 0 or more"),
