@@ -27,6 +27,7 @@ from harness.config.schema import Config
 from harness.config.store import to_config
 from harness.lifecycle import artifacts as A
 from harness.lifecycle import resume as R
+from harness.lifecycle.runlock import EXCL as RUN_LOCK_EXCL
 from harness.lifecycle.runlock import NAME as RUN_LOCK
 from harness.lifecycle.runlock import RunDirLocked, RunLock
 from harness.lifecycle.signals import StopRequest, exit_after_preemption
@@ -132,14 +133,15 @@ def _remove_if_bare(run_dir: Path, hydra_files: set[str | None]) -> None:
         hydra = set(os.listdir(run_dir / ".hydra")) if ".hydra" in names else set()
     except OSError:
         return
-    if not names <= {*hydra_files, RUN_LOCK} or not hydra <= {"config.yaml", "hydra.yaml", "overrides.yaml"}:
+    locks = {RUN_LOCK, RUN_LOCK_EXCL}  # flock's file, and the fallback's where flock does not work
+    if not names <= {*hydra_files, *locks} or not hydra <= {"config.yaml", "hydra.yaml", "overrides.yaml"}:
         return
     try:
         lock = RunLock(run_dir).acquire()
     except (RunDirLocked, OSError):
         return
     try:
-        for name in names - {RUN_LOCK}:
+        for name in names - locks:
             path = run_dir / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     except OSError:

@@ -16,7 +16,7 @@ import pytest
 from harness import train as T
 from harness.lifecycle import runlock
 from harness.lifecycle.runlock import RunDirLocked, RunLock
-from tests import nolock_fs
+from tests import faults, nolock_fs
 from tests.helpers import run_main, tiny_cpu_run
 
 
@@ -24,9 +24,7 @@ def require_mount() -> None:
     why = nolock_fs.available()
     if why is None:
         return
-    if os.environ.get("LOWP_REQUIRE_FAULTS") == "1":
-        pytest.fail(f"LOWP_REQUIRE_FAULTS=1 but the lockless filesystem cannot be mounted: {why}")
-    pytest.skip(why)
+    faults.unavailable(f"the lockless filesystem cannot be mounted: {why}")
 
 
 @pytest.fixture
