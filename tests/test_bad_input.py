@@ -443,7 +443,7 @@ def test_completed_run_started_again_on_changed_data_keeps_its_files(tmp_path, c
     before = {n: (tmp_path / "run" / n).read_text() for n in ("summary.json", "run.json", "metrics.jsonl")}
     memmap(path, (np.arange(20000) * 7) % 200)  # the same file, other tokens
     code, err = cli(capsys, *FAST, *args)
-    assert code == 2 and "data order" in err and err.count("error:") == 1, err
+    assert code == 2 and "trained on other data" in err and err.count("error:") == 1, err
     assert {n: (tmp_path / "run" / n).read_text() for n in before} == before
     assert not (tmp_path / "run" / "error.txt").exists()
 
