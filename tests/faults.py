@@ -92,3 +92,51 @@ def read_only(path: Path) -> Iterator[Path]:
         yield path
     finally:
         _unmount(path)
+
+
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2  # <linux/capability.h>
+_CAP_V3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def _caps(new: list[int] | None = None) -> list[int]:
+    """This thread's effective capability words; set them first when `new` is given."""
+    header, data = _CapHeader(_CAP_V3, 0), (_CapData * 2)()
+    libc = _libc()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    if new is not None:
+        for word, value in zip(data, new):
+            word.effective = value
+        if libc.capset(ctypes.byref(header), data) != 0:
+            raise OSError(ctypes.get_errno(), "capset")
+    return [word.effective for word in data]
+
+
+@contextlib.contextmanager
+def file_modes_enforced() -> Iterator[None]:
+    """This thread without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, so file modes bind root as
+    they bind anyone (capabilities are per thread: the rest of the process keeps them, and they
+    stay permitted, so they come back on exit)."""
+    require_root()
+    before = _caps()
+    mask = (1 << CAP_DAC_OVERRIDE) | (1 << CAP_DAC_READ_SEARCH)
+    try:
+        _caps([before[0] & ~mask, before[1]])
+    except OSError as exc:
+        unavailable(f"cannot drop CAP_DAC_OVERRIDE ({exc})")
+    try:
+        yield
+    finally:
+        _caps(before)

@@ -23,6 +23,7 @@ import torch
 from harness import train as T
 from harness.lifecycle import checkpoint as C
 from harness.lifecycle.runlock import RunLock
+from tests import faults
 from tests.faults import read_only, tmpfs
 from tests.helpers import REPO, TINY, run_main
 from tests.test_data import random_docs, write_megatron
@@ -186,9 +187,10 @@ def test_directory_without_train_bin(tmp_path, capsys):
 def test_unreadable_data_file(tmp_path, capsys):
     path = memmap(tmp_path / "t.bin", np.arange(5000) % 200)
     path.chmod(0)
-    if os.access(path, os.R_OK):
-        pytest.skip("running as root: permissions do not stop reads")
-    refused(capsys, tmp_path / "r", *DATA, f"data.path={path}", code=2, match="data.path")
+    with faults.file_modes_enforced():  # root reads any file; without CAP_DAC_OVERRIDE it cannot
+        with pytest.raises(PermissionError):
+            path.open("rb")
+        refused(capsys, tmp_path / "r", *DATA, f"data.path={path}", code=2, match="data.path")
 
 
 def test_too_few_tokens_for_one_batch(tmp_path, capsys):

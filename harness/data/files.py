@@ -42,10 +42,22 @@ def file_fingerprint(path: str) -> tuple[str, str]:
     return h.hexdigest(), "sha256(size, first MiB, last MiB)"
 
 
+def require_readable(path: str, option: str) -> None:
+    """A file that exists but this user may not read is the user's to fix, like a missing one."""
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        raise config_error(
+            option, f"{path} is not readable by this user (permission denied)", "make it readable or copy it"
+        ) from None
+
+
 def open_tokens(path: str, dtype: type, option: str) -> np.ndarray:
     """A read-only 1-D memmap of a flat token file, with one-line errors for the usual mistakes."""
     if not os.path.isfile(path):
         raise config_error(f"{option}={path}", "no such file", f"point {option} at an existing token file")
+    require_readable(path, f"{option}={path}")
     size, itemsize = os.path.getsize(path), np.dtype(dtype).itemsize
     if size == 0:
         raise config_error(f"{option}={path}", "the file is empty", "point it at a tokenized .bin file")
@@ -209,6 +221,7 @@ def open_megatron(prefix: str, option: str) -> tuple[np.ndarray, dict]:
             raise config_error(
                 option, f"no such file {p}", f"the path is the prefix of PREFIX.bin/.idx{hint}"
             )
+        require_readable(p, option)
     index = read_megatron_index(idx_path, option)
     dtype, lengths, pointers = index["dtype"], index["lengths"], index["pointers"]
     itemsize = np.dtype(dtype).itemsize
