@@ -1,0 +1,317 @@
+"""A sweep owns its directory: the record, refused launches and resumes, jobs.yaml, the lock, malformed
+sweep files, odd paths (in-process); stop signals and a killed driver (through the CLI, slow)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from harness.multirun import launch as S
+from harness.multirun import sweepdir as D
+from harness.multirun.spec import hydra_value
+from tests.helpers import REPO
+
+# a path with every character a shell or Hydra's grammar treats specially
+ODD = "odd dir, [x] 'q' \"d\" a=b é"
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """main() up to the launch, which is skipped (a sweep whose jobs never start)."""
+    monkeypatch.setattr(S, "launch", lambda *args, **kwargs: 0)
+
+
+def launched(tmp_path: Path, name: str = "tiny_matrix", *extra: str) -> Path:
+    sweep_dir = tmp_path / "sweep"
+    S.main([name, *extra, f"hydra.sweep.dir={sweep_dir}", "--no-report"])
+    assert (sweep_dir / "jobs.yaml").exists()
+    return sweep_dir
+
+
+def one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+def snapshot(sweep_dir: Path) -> dict:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sweep_dir.glob("*.yaml")}
+
+
+def test_the_directory_records_the_sweep_and_refuses_a_new_launch(no_launch, capsys, tmp_path):
+    sweep_dir = launched(tmp_path, "tiny_matrix", "steps=7")
+    record = OmegaConf.load(sweep_dir / "sweep.yaml")
+    assert record.sweep == "tiny_matrix" and list(record.overrides) == ["steps=7"]
+    assert record.file_sha256 == D.sha256((REPO / "sweeps" / "tiny_matrix.yaml").read_bytes())
+    before = snapshot(sweep_dir)
+    capsys.readouterr()
+    assert S.main(["bf16_tiny_seeds", f"hydra.sweep.dir={sweep_dir}", "--no-report"]) == 2
+    err = one_error(capsys)
+    assert f"holds sweep tiny_matrix: resume it with --resume {sweep_dir}" in err
+    assert snapshot(sweep_dir) == before, "jobs.yaml and sweep.yaml are never rewritten"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert S.main(["tiny_matrix", f"hydra.sweep.dir={tmp_path / 'other'}", "--no-report"]) == 2
+    assert "is not empty and holds no sweep" in one_error(capsys)
+
+
+def test_resume_may_change_only_the_launcher(no_launch, capsys, tmp_path):
+    sweep_dir = launched(tmp_path, "tiny_matrix", "steps=7", "hydra/launcher=local_parallel")
+    capsys.readouterr()
+    resume = ["tiny_matrix", "--resume", str(sweep_dir), "--no-report"]
+    for arg, said in (
+        ("steps=8", "steps=8 differs (the launch had steps=7)"),
+        ("optimizer.lr=0.1", "optimizer.lr=0.1 differs (the launch did not set it)"),
+        ("hydra.job.chdir=true", "hydra.job.chdir=true differs"),
+    ):
+        assert S.main([*resume, arg]) == 2
+        assert said in one_error(capsys)
+    # the launch's own overrides may be repeated; the launcher and its settings may change
+    S.main([*resume, "steps=7", "hydra/launcher=slurm", "hydra.launcher.partition=p"])
+    assert "error" not in capsys.readouterr().err
+    record = D.read_record(sweep_dir)
+    assert D.resume_args(record, [], sweep_dir) == ["hydra/launcher=local_parallel"]
+    assert D.resume_args(record, ["hydra.launcher.max_parallel=3"], sweep_dir) == [
+        "hydra/launcher=local_parallel",
+        "hydra.launcher.max_parallel=3",
+    ]
+    assert D.resume_args(record, ["hydra/launcher=slurm"], sweep_dir) == ["hydra/launcher=slurm"]
+    assert S.main(["bf16_tiny_seeds", "--resume", str(sweep_dir)]) == 2
+    assert "that is sweep tiny_matrix, not bf16_tiny_seeds" in one_error(capsys)
+
+
+def test_resume_refuses_a_changed_sweep_file(no_launch, capsys, tmp_path):
+    own = tmp_path / "own.yaml"
+    own.write_text("overrides: [model=gpt_tiny, steps=4]\narms:\n  tw: [recipe=tensorwise]\n")
+    sweep_dir = launched(tmp_path, str(own))
+    own.write_text("overrides: [model=gpt_tiny, steps=5]\narms:\n  tw: [recipe=tensorwise]\n")
+    capsys.readouterr()
+    assert S.main([str(own), "--resume", str(sweep_dir)]) == 2
+    assert f"{own} changed since this sweep was launched" in one_error(capsys)
+
+
+@pytest.mark.parametrize("damage", ["truncated at a job", "cut mid-line", "emptied"])
+def test_a_damaged_jobs_yaml_is_refused_never_shortened(no_launch, capsys, tmp_path, damage):
+    sweep_dir = launched(tmp_path)
+    jobs = sweep_dir / "jobs.yaml"
+    text = jobs.read_text()
+    lines = text.splitlines(keepends=True)
+    second = next(i for i, line in enumerate(lines) if line.startswith("- name: 1_"))
+    cut = {"truncated at a job": "".join(lines[:second]), "cut mid-line": text[:300], "emptied": ""}
+    jobs.write_text(cut[damage])
+    capsys.readouterr()
+    assert S.main(["tiny_matrix", "--resume", str(sweep_dir), "--no-report"]) == 2
+    assert f"{jobs} is not the job list written at the launch" in one_error(capsys)
+    assert jobs.read_text() == cut[damage]
+
+
+def test_resume_is_refused_while_another_driver_holds_the_sweep(no_launch, capsys, tmp_path):
+    sweep_dir = launched(tmp_path)
+    capsys.readouterr()
+    with D.SweepLock(sweep_dir):  # another open file description: flock conflicts as across processes
+        assert S.main(["tiny_matrix", "--resume", str(sweep_dir)]) == 2
+        err = one_error(capsys)
+    assert f"held by harness.sweep pid {os.getpid()} on host {socket.gethostname()}" in err
+
+
+MALFORMED = {
+    "not YAML": ("overrides: [model=gpt_tiny\narms: {tw: [recipe=tensorwise]}\n", "not valid YAML: expected"),
+    "a list": ("- model=gpt_tiny\n", "expected a mapping with keys overrides, seeds"),
+    "an unknown key": ("arm:\n  tw: [recipe=tensorwise]\n", "unknown key `arm`"),
+    "arms not a mapping": ("arms: 5\n", "`arms` must be a mapping of arm name to a list of overrides"),
+    "an arm not a list": ("arms:\n  tw: recipe=tensorwise\n", "arm `tw` must be a list of overrides"),
+    "overrides not a list": ("overrides: 3\narms:\n  tw: [recipe=tensorwise]\n", "`overrides` must be"),
+    "seeds not integers": ("seeds: [a]\narms:\n  tw: [recipe=tensorwise]\n", "`seeds` must be a list of int"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_sweep_file_is_one_line_exit_2(capsys, tmp_path, case):
+    text, said = MALFORMED[case]
+    own = tmp_path / "bad.yaml"
+    own.write_text(text)
+    assert S.main([str(own), "--dry-run"]) == 2
+    err = one_error(capsys)
+    assert f"error: sweep {own}: " in err and said in err
+
+
+@pytest.mark.parametrize(
+    "text", [ODD, "/a,b/c", "x\\", "it's\\'", "${oops}", "1e-3", "true", "[a]", "é", "0_bf16_s0"]
+)
+def test_hydra_value_parses_back_to_the_text(text):
+    (ov,) = OverridesParser.create().parse_overrides([f"k={hydra_value(text)}"])
+    assert not ov.is_sweep_override()
+    assert OmegaConf.create({"k": ov.value()}).k == text
+
+
+def test_odd_paths_reach_hydra_unchanged(no_launch, capsys, tmp_path):
+    odd = tmp_path / ODD
+    odd.mkdir()
+    own = odd / f"{ODD}.yaml"
+    own.write_text("overrides: [model=gpt_tiny]\narms:\n  tw: [recipe=tensorwise]\n")
+    sweep = S.plan(S.parse_args([str(own), f"hydra.sweep.dir={odd / 'sweep'}"]))
+    assert sweep.sweep_dir == odd / "sweep"
+    parsed = {
+        o.key_or_group: o.value()
+        for o in OverridesParser.create().parse_overrides(S.hydra_command(sweep)[4:])
+    }
+    assert parsed["hydra.sweep.dir"] == str(odd / "sweep")
+    assert parsed["hydra.sweeper.jobs_file"] == str(odd / "sweep" / "jobs.yaml")
+    for job in sweep.jobs:
+        values = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(job.overrides)}
+        assert values["logger.wandb.group"] == f"{ODD}/{sweep.stamp}"
+        assert values["hydra.sweep.subdir"] == job.name
+    assert sweep.resume_command() == shlex.join(
+        ["python", "-m", "harness.sweep", str(own), "--resume", str(odd / "sweep")]
+    )
+    assert S.main([str(own), f"hydra.sweep.dir={odd / 'sweep'}", "--no-report"]) == 2  # 2 jobs not started
+    assert "error" not in capsys.readouterr().err
+    assert S.main([str(own), "--resume", str(odd / "sweep"), "--no-report"]) == 2
+
+
+# -- a full disk (a real one: a small tmpfs) ----------------------------------------------------------------
+def can_make_faults() -> bool:
+    """Faults are made for real as root; elsewhere these tests skip, unless LOWP_REQUIRE_FAULTS=1."""
+    if os.geteuid() == 0:
+        return True
+    if os.environ.get("LOWP_REQUIRE_FAULTS") == "1":
+        pytest.fail("LOWP_REQUIRE_FAULTS=1 but not root: cannot mount a tmpfs")
+    pytest.skip("needs root to mount a small tmpfs")
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A tmpfs of 4 KiB (one page), mounted in-process with mount(2)."""
+    can_make_faults()
+    libc = ctypes.CDLL(None, use_errno=True)
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if libc.mount(b"tmpfs", str(mnt).encode(), b"tmpfs", 0, b"size=4k") != 0:
+        if os.environ.get("LOWP_REQUIRE_FAULTS") == "1":
+            pytest.fail(f"mount tmpfs: {os.strerror(ctypes.get_errno())}")
+        pytest.skip(f"mount tmpfs: {os.strerror(ctypes.get_errno())}")
+    yield mnt
+    libc.umount2(str(mnt).encode(), 2)  # MNT_DETACH
+
+
+def test_a_sweep_that_cannot_write_its_directory_leaves_nothing(full_disk, capsys):
+    sweep_dir = full_disk / "sweep"
+    # 8 jobs: a jobs.yaml larger than the disk
+    assert S.main(["tiny_matrix", "seed=0,1,2,3", f"hydra.sweep.dir={sweep_dir}"]) == 1
+    err = one_error(capsys)
+    assert f"cannot write the sweep directory {sweep_dir}: No space left on device" in err
+    assert list(full_disk.iterdir()) == []
+
+
+# -- signals and kills, through the CLI ----------------------------------------------------------------------
+# one job of gpt_tiny long enough to be stopped mid-run (it checkpoints at the step it is stopped at)
+LONG = """overrides: [model=gpt_tiny, backend=emulated, hardware=cpu, logger=none, steps=50, log_interval=1,
+            eval_interval=0, eval_tokens=512, micro_batch_size=2, global_batch_size=2,
+            data.num_tokens=20000, checkpoint_interval=-1]
+arms:
+  bf16: [recipe=bf16]
+"""
+
+
+def start_sweep(sweep_file: Path, sweep_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.sweep",
+        str(sweep_file),
+        f"hydra.sweep.dir={sweep_dir}",
+        "--no-report",
+    ]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def when_running(driver: subprocess.Popen, run_dir: Path, timeout: float = 120) -> dict:
+    """Wait for the job's first logged step; returns the sweep's lock (driver and launcher pids)."""
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
+        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+        time.sleep(0.1)
+    return {
+        "launcher": json.loads((run_dir.parent / ".lock").read_text())["launcher"],
+        "job": json.loads((run_dir / ".lock").read_text())["pid"],
+    }
+
+
+def gone(pid: int, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_with_one_line_whose_resume_command_finishes_the_sweep(tmp_path):
+    odd = tmp_path / ODD
+    odd.mkdir()
+    own, sweep_dir = odd / f"{ODD}.yaml", odd / "sweep"
+    own.write_text(LONG)
+    driver = start_sweep(own, sweep_dir)
+    pids = when_running(driver, sweep_dir / "0_bf16_s0")
+    jobs_before = snapshot(sweep_dir)
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130 and "Traceback" not in err, err
+    last = err.splitlines()[-1]
+    assert last.startswith("stopped by SIGINT: 1 of 1 jobs not finished; resume with: "), err
+    assert gone(pids["launcher"]) and gone(pids["job"])
+    assert json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())["status"] == "preempted"
+    cmd = shlex.split(last.split("resume with: ", 1)[1])
+    assert cmd[:3] == ["python", "-m", "harness.sweep"]
+    again = subprocess.run(
+        [sys.executable, *cmd[1:], "--no-report"], cwd=REPO, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 50
+    assert snapshot(sweep_dir) == jobs_before, "--resume rewrites neither jobs.yaml nor sweep.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM])  # SIGHUP: tests/test_slurm.py
+def test_sigterm_ends_with_one_line(tmp_path, sig):
+    own, sweep_dir = tmp_path / "long.yaml", tmp_path / "sweep"
+    own.write_text(LONG)
+    driver = start_sweep(own, sweep_dir)
+    pids = when_running(driver, sweep_dir / "0_bf16_s0")
+    driver.send_signal(sig)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 128 + sig and "Traceback" not in err, err
+    resume = f"python -m harness.sweep {own} --resume {sweep_dir}"
+    assert err.splitlines()[-1] == f"stopped by {sig.name}: 1 of 1 jobs not finished; resume with: {resume}"
+    assert gone(pids["launcher"]) and gone(pids["job"])
+
+
+@pytest.mark.slow
+def test_killing_the_driver_ends_its_local_launcher_and_jobs(tmp_path):
+    own, sweep_dir = tmp_path / "long.yaml", tmp_path / "sweep"
+    own.write_text(LONG)
+    driver = start_sweep(own, sweep_dir)
+    pids = when_running(driver, sweep_dir / "0_bf16_s0")
+    driver.kill()
+    driver.communicate()
+    assert gone(pids["launcher"]), "the launcher outlived its driver"
+    assert gone(pids["job"]), "the job outlived its driver"
+    D.SweepLock(sweep_dir).acquire().release()  # free: a --resume would not collide with anything
+    assert json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())["status"] == "preempted"
