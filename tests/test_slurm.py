@@ -262,14 +262,16 @@ def test_a_stopped_driver_leaves_its_slurm_job_running_and_resume_watches_it(slu
         *("hydra/launcher=slurm", "hydra.launcher.poll_s=1", "hydra.launcher.cpus_per_task=1"),
         f"hydra.launcher.setup=['export PYTHONUNBUFFERED=1','{wait}']",
     ]
-    driver = subprocess.Popen(launch, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        launch, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 180
     name = "lowp:held sweep:0_bf16_s0"
     while squeue(slurm).get(name, ("", ""))[1] != "RUNNING":
         assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
         time.sleep(0.2)
     job_id = squeue(slurm)[name][0]
-    driver.send_signal(signal.SIGHUP)  # the terminal closed
+    os.killpg(driver.pid, signal.SIGHUP)  # its terminal closed
     err = driver.communicate(timeout=60)[1]
     assert driver.returncode == 128 + signal.SIGHUP and "Traceback" not in err, err
     line = err.splitlines()[-1]

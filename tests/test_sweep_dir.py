@@ -27,10 +27,37 @@ from tests.helpers import REPO
 ODD = "odd dir, [x] 'q' \"d\" a=b é"
 
 
+class NoLauncher:
+    """Stands for the Hydra launcher's process: starts nothing and ends at once (the sweep's jobs never
+    start); records the command it was given."""
+
+    commands: list[list[str]] = []
+
+    def __init__(self, cmd, **kwargs):
+        NoLauncher.commands.append(list(cmd))
+        self.pid, self.returncode = 4194305, 0  # above Linux's largest pid: signals reach nothing
+
+    def wait(self, timeout=None) -> int:
+        return 0
+
+    def poll(self) -> int:
+        return 0
+
+    def send_signal(self, sig) -> None:
+        pass
+
+    def __enter__(self) -> NoLauncher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 @pytest.fixture
 def no_launch(monkeypatch):
-    """main() up to the launch, which is skipped (a sweep whose jobs never start)."""
-    monkeypatch.setattr(S, "launch", lambda *args, **kwargs: 0)
+    """main() as a user runs it, with a launcher that starts no job."""
+    NoLauncher.commands.clear()
+    monkeypatch.setattr(subprocess, "Popen", NoLauncher)
 
 
 def launched(tmp_path: Path, name: str = "tiny_matrix", *extra: str) -> Path:
@@ -52,15 +79,15 @@ def snapshot(sweep_dir: Path) -> dict:
 
 def test_the_directory_records_the_sweep_and_refuses_a_new_launch(no_launch, capsys, tmp_path):
     sweep_dir = launched(tmp_path, "tiny_matrix", "steps=7")
-    record = OmegaConf.load(sweep_dir / "sweep.yaml")
-    assert record.sweep == "tiny_matrix" and list(record.overrides) == ["steps=7"]
-    assert record.file_sha256 == D.sha256((REPO / "sweeps" / "tiny_matrix.yaml").read_bytes())
     before = snapshot(sweep_dir)
     capsys.readouterr()
     assert S.main(["bf16_tiny_seeds", f"hydra.sweep.dir={sweep_dir}", "--no-report"]) == 2
     err = one_error(capsys)
     assert f"holds sweep tiny_matrix: resume it with --resume {sweep_dir}" in err
     assert snapshot(sweep_dir) == before, "jobs.yaml and sweep.yaml are never rewritten"
+    record = OmegaConf.load(sweep_dir / "sweep.yaml")
+    assert record.sweep == "tiny_matrix" and list(record.overrides) == ["steps=7"]
+    assert record.file_sha256 == D.sha256((REPO / "sweeps" / "tiny_matrix.yaml").read_bytes())
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     assert S.main(["tiny_matrix", f"hydra.sweep.dir={tmp_path / 'other'}", "--no-report"]) == 2
@@ -81,6 +108,7 @@ def test_resume_may_change_only_the_launcher(no_launch, capsys, tmp_path):
     # the launch's own overrides may be repeated; the launcher and its settings may change
     S.main([*resume, "steps=7", "hydra/launcher=slurm", "hydra.launcher.partition=p"])
     assert "error" not in capsys.readouterr().err
+    assert NoLauncher.commands[-1][-2:] == ["hydra/launcher=slurm", "hydra.launcher.partition=p"]
     record = D.read_record(sweep_dir)
     assert D.resume_args(record, [], sweep_dir) == ["hydra/launcher=local_parallel"]
     assert D.resume_args(record, ["hydra.launcher.max_parallel=3"], sweep_dir) == [
@@ -126,6 +154,21 @@ def test_resume_is_refused_while_another_driver_holds_the_sweep(no_launch, capsy
     assert f"held by harness.sweep pid {os.getpid()} on host {socket.gethostname()}" in err
 
 
+def test_a_sweep_from_before_records_resumes_if_its_job_list_is_whole(no_launch, capsys, tmp_path):
+    sweep_dir = launched(tmp_path)
+    (sweep_dir / "sweep.yaml").unlink(missing_ok=True)  # as an older lowp left it: jobs.yaml alone
+    jobs = (sweep_dir / "jobs.yaml").read_bytes()
+    (sweep_dir / "7_lost_s0").mkdir()
+    (sweep_dir / "7_lost_s0" / "run.json").write_text("{}")
+    capsys.readouterr()
+    assert S.main(["tiny_matrix", "--resume", str(sweep_dir), "--no-report"]) == 2
+    assert "jobs.yaml is damaged: it lacks the jobs of 7_lost_s0" in one_error(capsys)
+    (sweep_dir / "7_lost_s0" / "run.json").unlink()
+    S.main(["tiny_matrix", "--resume", str(sweep_dir), "--no-report"])
+    assert "error" not in capsys.readouterr().err
+    assert D.read_record(sweep_dir)["overrides"] is None and (sweep_dir / "jobs.yaml").read_bytes() == jobs
+
+
 MALFORMED = {
     "not YAML": ("overrides: [model=gpt_tiny\narms: {tw: [recipe=tensorwise]}\n", "not valid YAML: expected"),
     "a list": ("- model=gpt_tiny\n", "expected a mapping with keys overrides, seeds"),
@@ -159,26 +202,24 @@ def test_hydra_value_parses_back_to_the_text(text):
 def test_odd_paths_reach_hydra_unchanged(no_launch, capsys, tmp_path):
     odd = tmp_path / ODD
     odd.mkdir()
-    own = odd / f"{ODD}.yaml"
+    own, sweep_dir = odd / f"{ODD}.yaml", odd / "sweep"
     own.write_text("overrides: [model=gpt_tiny]\narms:\n  tw: [recipe=tensorwise]\n")
-    sweep = S.plan(S.parse_args([str(own), f"hydra.sweep.dir={odd / 'sweep'}"]))
-    assert sweep.sweep_dir == odd / "sweep"
-    parsed = {
-        o.key_or_group: o.value()
-        for o in OverridesParser.create().parse_overrides(S.hydra_command(sweep)[4:])
-    }
-    assert parsed["hydra.sweep.dir"] == str(odd / "sweep")
-    assert parsed["hydra.sweeper.jobs_file"] == str(odd / "sweep" / "jobs.yaml")
-    for job in sweep.jobs:
-        values = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(job.overrides)}
-        assert values["logger.wandb.group"] == f"{ODD}/{sweep.stamp}"
+    S.main([str(own), f"hydra.sweep.dir={sweep_dir}", "--no-report"])
+    out, err = capsys.readouterr()
+    assert "error" not in err, err
+    parser = OverridesParser.create()
+    (cmd,) = NoLauncher.commands
+    parsed = {o.key_or_group: o.value() for o in parser.parse_overrides(cmd[4:])}
+    assert parsed["hydra.sweep.dir"] == str(sweep_dir)
+    assert parsed["hydra.sweeper.jobs_file"] == str(sweep_dir / "jobs.yaml")
+    for job in OmegaConf.load(sweep_dir / "jobs.yaml").jobs:
+        values = {o.key_or_group: o.value() for o in parser.parse_overrides(list(job.overrides))}
+        assert values["logger.wandb.group"].startswith(f"{ODD}/")
         assert values["hydra.sweep.subdir"] == job.name
-    assert sweep.resume_command() == shlex.join(
-        ["python", "-m", "harness.sweep", str(own), "--resume", str(odd / "sweep")]
-    )
-    assert S.main([str(own), f"hydra.sweep.dir={odd / 'sweep'}", "--no-report"]) == 2  # 2 jobs not started
-    assert "error" not in capsys.readouterr().err
-    assert S.main([str(own), "--resume", str(odd / "sweep"), "--no-report"]) == 2
+    resume = shlex.join(["python", "-m", "harness.sweep", str(own), "--resume", str(sweep_dir)])
+    assert f"resume: {resume}\n" in out  # its jobs did not run
+    S.main(shlex.split(resume)[3:])
+    assert "error" not in capsys.readouterr().err and NoLauncher.commands[1] == cmd
 
 
 # -- a full disk (a real one: a small tmpfs) ----------------------------------------------------------------
@@ -225,29 +266,31 @@ arms:
 """
 
 
-def start_sweep(sweep_file: Path, sweep_dir: Path) -> subprocess.Popen:
+def start_sweep(sweep_file: Path, sweep_dir: Path, err: Path) -> subprocess.Popen:
+    """The sweep's driver as a terminal's foreground job (a process group of its own: Ctrl-C signals
+    the group), its stderr to `err` (a file: its launcher may outlive it)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.sweep",
-        str(sweep_file),
-        f"hydra.sweep.dir={sweep_dir}",
-        "--no-report",
-    ]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-m", "harness.sweep", str(sweep_file), f"hydra.sweep.dir={sweep_dir}"]
+    with open(err, "w") as f:
+        return subprocess.Popen(
+            [*cmd, "--no-report"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            start_new_session=True,
+        )
 
 
-def when_running(driver: subprocess.Popen, run_dir: Path, timeout: float = 120) -> dict:
-    """Wait for the job's first logged step; returns the sweep's lock (driver and launcher pids)."""
+def when_running(driver: subprocess.Popen, run_dir: Path, err: Path, timeout: float = 120) -> dict:
+    """Wait for the job's first logged step; returns the pids of the launcher (the driver's child) and
+    of the job (its run lock's holder)."""
     deadline = time.monotonic() + timeout
     while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
-        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+        assert driver.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
         time.sleep(0.1)
-    return {
-        "launcher": json.loads((run_dir.parent / ".lock").read_text())["launcher"],
-        "job": json.loads((run_dir / ".lock").read_text())["pid"],
-    }
+    (launcher,) = Path(f"/proc/{driver.pid}/task/{driver.pid}/children").read_text().split()
+    return {"launcher": int(launcher), "job": json.loads((run_dir / ".lock").read_text())["pid"]}
 
 
 def gone(pid: int, timeout: float = 60) -> bool:
@@ -267,11 +310,12 @@ def test_ctrl_c_ends_with_one_line_whose_resume_command_finishes_the_sweep(tmp_p
     odd.mkdir()
     own, sweep_dir = odd / f"{ODD}.yaml", odd / "sweep"
     own.write_text(LONG)
-    driver = start_sweep(own, sweep_dir)
-    pids = when_running(driver, sweep_dir / "0_bf16_s0")
+    driver = start_sweep(own, sweep_dir, tmp_path / "err")
+    pids = when_running(driver, sweep_dir / "0_bf16_s0", tmp_path / "err")
     jobs_before = snapshot(sweep_dir)
-    driver.send_signal(signal.SIGINT)
-    _, err = driver.communicate(timeout=120)
+    os.killpg(driver.pid, signal.SIGINT)  # Ctrl-C
+    driver.wait(timeout=120)
+    err = (tmp_path / "err").read_text()
     assert driver.returncode == 130 and "Traceback" not in err, err
     last = err.splitlines()[-1]
     assert last.startswith("stopped by SIGINT: 1 of 1 jobs not finished; resume with: "), err
@@ -293,10 +337,11 @@ def test_ctrl_c_ends_with_one_line_whose_resume_command_finishes_the_sweep(tmp_p
 def test_sigterm_ends_with_one_line(tmp_path, sig):
     own, sweep_dir = tmp_path / "long.yaml", tmp_path / "sweep"
     own.write_text(LONG)
-    driver = start_sweep(own, sweep_dir)
-    pids = when_running(driver, sweep_dir / "0_bf16_s0")
-    driver.send_signal(sig)
-    _, err = driver.communicate(timeout=120)
+    driver = start_sweep(own, sweep_dir, tmp_path / "err")
+    pids = when_running(driver, sweep_dir / "0_bf16_s0", tmp_path / "err")
+    driver.send_signal(sig)  # as `timeout` or `kill` sends it
+    driver.wait(timeout=120)
+    err = (tmp_path / "err").read_text()
     assert driver.returncode == 128 + sig and "Traceback" not in err, err
     resume = f"python -m harness.sweep {own} --resume {sweep_dir}"
     assert err.splitlines()[-1] == f"stopped by {sig.name}: 1 of 1 jobs not finished; resume with: {resume}"
@@ -307,11 +352,11 @@ def test_sigterm_ends_with_one_line(tmp_path, sig):
 def test_killing_the_driver_ends_its_local_launcher_and_jobs(tmp_path):
     own, sweep_dir = tmp_path / "long.yaml", tmp_path / "sweep"
     own.write_text(LONG)
-    driver = start_sweep(own, sweep_dir)
-    pids = when_running(driver, sweep_dir / "0_bf16_s0")
+    driver = start_sweep(own, sweep_dir, tmp_path / "err")
+    pids = when_running(driver, sweep_dir / "0_bf16_s0", tmp_path / "err")
     driver.kill()
-    driver.communicate()
-    assert gone(pids["launcher"]), "the launcher outlived its driver"
-    assert gone(pids["job"]), "the job outlived its driver"
+    driver.wait()
+    assert gone(pids["launcher"]) and gone(pids["job"])
+    summary = json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())
+    assert summary["status"] == "preempted", "the job went on after its driver was killed"
     D.SweepLock(sweep_dir).acquire().release()  # free: a --resume would not collide with anything
-    assert json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())["status"] == "preempted"
