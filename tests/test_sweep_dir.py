@@ -266,15 +266,14 @@ arms:
 """
 
 
-def start_sweep(sweep_file: Path, sweep_dir: Path, err: Path) -> subprocess.Popen:
+def start_sweep(args: list[str], err: Path, cwd: Path = REPO) -> subprocess.Popen:
     """The sweep's driver as a terminal's foreground job (a process group of its own: Ctrl-C signals
     the group), its stderr to `err` (a file: its launcher may outlive it)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "harness.sweep", str(sweep_file), f"hydra.sweep.dir={sweep_dir}"]
     with open(err, "w") as f:
         return subprocess.Popen(
-            [*cmd, "--no-report"],
-            cwd=REPO,
+            [sys.executable, "-m", "harness.sweep", *args, "--no-report"],
+            cwd=cwd,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=f,
@@ -282,15 +281,17 @@ def start_sweep(sweep_file: Path, sweep_dir: Path, err: Path) -> subprocess.Pope
         )
 
 
-def when_running(driver: subprocess.Popen, run_dir: Path, err: Path, timeout: float = 120) -> dict:
-    """Wait for the job's first logged step; returns the pids of the launcher (the driver's child) and
-    of the job (its run lock's holder)."""
+def when_running(driver: subprocess.Popen, run_dirs: str, where: Path, err: Path, timeout: float = 120):
+    """Wait for the first logged step of the job whose run directory matches `where.glob(run_dirs)`;
+    returns that directory and the pids of the launcher (the driver's child) and of the job (its run
+    lock's holder)."""
     deadline = time.monotonic() + timeout
-    while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
+    while not [p for p in where.glob(f"{run_dirs}/metrics.jsonl") if p.read_text()]:
         assert driver.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
         time.sleep(0.1)
+    (run_dir,) = [p.parent for p in where.glob(f"{run_dirs}/metrics.jsonl")]
     (launcher,) = Path(f"/proc/{driver.pid}/task/{driver.pid}/children").read_text().split()
-    return {"launcher": int(launcher), "job": json.loads((run_dir / ".lock").read_text())["pid"]}
+    return run_dir, {"launcher": int(launcher), "job": json.loads((run_dir / ".lock").read_text())["pid"]}
 
 
 def gone(pid: int, timeout: float = 60) -> bool:
@@ -306,12 +307,13 @@ def gone(pid: int, timeout: float = 60) -> bool:
 
 @pytest.mark.slow
 def test_ctrl_c_ends_with_one_line_whose_resume_command_finishes_the_sweep(tmp_path):
-    odd = tmp_path / ODD
+    odd = tmp_path / ODD  # the sweep is launched from there, into its default multirun/NAME/<date_time>
     odd.mkdir()
-    own, sweep_dir = odd / f"{ODD}.yaml", odd / "sweep"
+    own = odd / f"{ODD}.yaml"
     own.write_text(LONG)
-    driver = start_sweep(own, sweep_dir, tmp_path / "err")
-    pids = when_running(driver, sweep_dir / "0_bf16_s0", tmp_path / "err")
+    driver = start_sweep([str(own)], tmp_path / "err", cwd=odd)
+    run_dir, pids = when_running(driver, "multirun/*/*/0_bf16_s0", odd, tmp_path / "err")
+    sweep_dir = run_dir.parent
     jobs_before = snapshot(sweep_dir)
     os.killpg(driver.pid, signal.SIGINT)  # Ctrl-C
     driver.wait(timeout=120)
@@ -320,31 +322,28 @@ def test_ctrl_c_ends_with_one_line_whose_resume_command_finishes_the_sweep(tmp_p
     last = err.splitlines()[-1]
     assert last.startswith("stopped by SIGINT: 1 of 1 jobs not finished; resume with: "), err
     assert gone(pids["launcher"]) and gone(pids["job"])
-    assert json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())["status"] == "preempted"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "preempted"
     cmd = shlex.split(last.split("resume with: ", 1)[1])
-    assert cmd[:3] == ["python", "-m", "harness.sweep"]
-    again = subprocess.run(
-        [sys.executable, *cmd[1:], "--no-report"], cwd=REPO, capture_output=True, text=True
-    )
+    assert cmd == ["python", "-m", "harness.sweep", str(own), "--resume", str(sweep_dir)]
+    again = subprocess.run([sys.executable, *cmd[1:], "--no-report"], cwd=odd, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
-    summary = json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 50
     assert snapshot(sweep_dir) == jobs_before, "--resume rewrites neither jobs.yaml nor sweep.yaml"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM])  # SIGHUP: tests/test_slurm.py
-def test_sigterm_ends_with_one_line(tmp_path, sig):
+def test_sigterm_ends_with_one_line(tmp_path):
     own, sweep_dir = tmp_path / "long.yaml", tmp_path / "sweep"
     own.write_text(LONG)
-    driver = start_sweep(own, sweep_dir, tmp_path / "err")
-    pids = when_running(driver, sweep_dir / "0_bf16_s0", tmp_path / "err")
-    driver.send_signal(sig)  # as `timeout` or `kill` sends it
+    driver = start_sweep([str(own), f"hydra.sweep.dir={sweep_dir}"], tmp_path / "err")
+    _, pids = when_running(driver, "sweep/0_bf16_s0", tmp_path, tmp_path / "err")
+    driver.send_signal(signal.SIGTERM)  # as `timeout` or `kill` sends it (SIGHUP: tests/test_slurm.py)
     driver.wait(timeout=120)
     err = (tmp_path / "err").read_text()
-    assert driver.returncode == 128 + sig and "Traceback" not in err, err
+    assert driver.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
     resume = f"python -m harness.sweep {own} --resume {sweep_dir}"
-    assert err.splitlines()[-1] == f"stopped by {sig.name}: 1 of 1 jobs not finished; resume with: {resume}"
+    assert err.splitlines()[-1] == f"stopped by SIGTERM: 1 of 1 jobs not finished; resume with: {resume}"
     assert gone(pids["launcher"]) and gone(pids["job"])
 
 
@@ -352,11 +351,11 @@ def test_sigterm_ends_with_one_line(tmp_path, sig):
 def test_killing_the_driver_ends_its_local_launcher_and_jobs(tmp_path):
     own, sweep_dir = tmp_path / "long.yaml", tmp_path / "sweep"
     own.write_text(LONG)
-    driver = start_sweep(own, sweep_dir, tmp_path / "err")
-    pids = when_running(driver, sweep_dir / "0_bf16_s0", tmp_path / "err")
+    driver = start_sweep([str(own), f"hydra.sweep.dir={sweep_dir}"], tmp_path / "err")
+    run_dir, pids = when_running(driver, "sweep/0_bf16_s0", tmp_path, tmp_path / "err")
     driver.kill()
     driver.wait()
     assert gone(pids["launcher"]) and gone(pids["job"])
-    summary = json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "preempted", "the job went on after its driver was killed"
     D.SweepLock(sweep_dir).acquire().release()  # free: a --resume would not collide with anything

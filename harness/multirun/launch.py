@@ -294,7 +294,13 @@ def hydra_command(sweep: Sweep) -> list[str]:
 def launch(sweep: Sweep, lock: D.SweepLock, stop: StopSignals) -> int:
     """Run hydra_command in a process of its own session (terminal signals reach only this driver,
     which relays them) that inherits the directory's lock and stops its jobs if this process dies."""
-    env = {**os.environ, D.DRIVER_ENV: str(os.getpid())}
+    import importlib
+
+    # Hydra finds plugins by listing the folders of `hydra_plugins`, and an editable install's import
+    # hook lists none: the folder that holds lowp's goes on the path, whatever the working directory
+    plugins = str(Path(importlib.import_module("hydra_plugins.lowp_launcher").__file__).parents[2])
+    path = os.pathsep.join(p for p in (plugins, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, D.DRIVER_ENV: str(os.getpid())}
     return stop.run(hydra_command(sweep), env=env, pass_fds=(lock.fd,), started=lock.note_launcher)
 
 
