@@ -5,13 +5,17 @@ there, and starts daemons on free ports); skipped elsewhere. The 4-job sweep `ti
 hydra/launcher=slurm as shipped; one job is requeued with `scontrol requeue` (SIGTERM), another gets
 submitit's USR2 (`scancel --signal=USR2`, what submitit sends before a time limit), both mid-run. Both
 must resume from their checkpoints: every summary `completed`, exit code 0, the requeued runs' curves
-equal step for step to uninterrupted runs of the same config, one W&B run per job.
+equal step for step to uninterrupted runs of the same config, one W&B run per job. A stopped driver
+(SIGHUP) leaves its Slurm job running, and `--resume` watches that job again instead of resubmitting it,
+from a directory whose path has spaces, a comma, brackets, quotes, `=` and a non-ASCII character.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -225,3 +229,72 @@ def test_two_task_job_on_real_slurm(slurm, tmp_path):
     )
     assert one.returncode == 0, one.stderr[-3000:]
     assert curve(job_dir) == curve(ref)  # 2 ranks x 1 micro-batch == 1 process x 2, to the bit
+
+
+# one job, held in its launcher `setup` until the test lets it go (no CPU spent waiting), then 2 steps
+HELD = """overrides: [model=gpt_tiny, backend=emulated, hardware=cpu, logger=none, steps=2, log_interval=1,
+            eval_interval=0, eval_tokens=512, micro_batch_size=2, global_batch_size=2, data.num_tokens=20000]
+arms:
+  bf16: [recipe=bf16]
+"""
+
+
+def read_until(stream, want: str, deadline: float) -> str:
+    """Lines of `stream` until one contains `want` (the driver's stderr)."""
+    seen = ""
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        seen += line
+        if want in line or not line:
+            return seen
+    return seen
+
+
+def test_a_stopped_driver_leaves_its_slurm_job_running_and_resume_watches_it(slurm, tmp_path):
+    odd = tmp_path / "odd dir, [x] 'q' a=b é"
+    odd.mkdir()
+    own, sweep_dir, go = odd / "held sweep.yaml", odd / "sweep", tmp_path / "go"
+    own.write_text(HELD)
+    wait = f"while [ ! -e {go} ]; do sleep 0.2; done"
+    env = {**slurm.env, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
+    launch = [
+        *(sys.executable, "-m", "harness.sweep", str(own), f"hydra.sweep.dir={sweep_dir}", "--no-report"),
+        *("hydra/launcher=slurm", "hydra.launcher.poll_s=1", "hydra.launcher.cpus_per_task=1"),
+        f"hydra.launcher.setup=['export PYTHONUNBUFFERED=1','{wait}']",
+    ]
+    driver = subprocess.Popen(
+        launch, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 180
+    name = "lowp:held sweep:0_bf16_s0"
+    while squeue(slurm).get(name, ("", ""))[1] != "RUNNING":
+        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+        time.sleep(0.2)
+    job_id = squeue(slurm)[name][0]
+    os.killpg(driver.pid, signal.SIGHUP)  # its terminal closed
+    err = driver.communicate(timeout=60)[1]
+    assert driver.returncode == 128 + signal.SIGHUP and "Traceback" not in err, err
+    line = err.splitlines()[-1]
+    assert line.startswith(f"stopped by SIGHUP: 1 of 1 jobs not finished (Slurm jobs {job_id} go on)"), err
+    assert squeue(slurm)[name] == (job_id, "RUNNING")
+    assert json.loads((sweep_dir / "slurm_jobs.json").read_text()) == {"0_bf16_s0": job_id}
+
+    resume = shlex.split(line.split("resume with: ", 1)[1])
+    again = subprocess.Popen(
+        [sys.executable, *resume[1:], "--no-report"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = read_until(again.stderr, "running 1", deadline)  # watching the job, which still waits
+    assert "running 1" in seen, seen
+    go.touch()
+    out, err = again.communicate(timeout=max(10, deadline - time.monotonic()))
+    assert again.returncode == 0, seen + err
+    run = json.loads((sweep_dir / "0_bf16_s0" / "run.json").read_text())
+    assert str(run["provenance"]["slurm"]["job_id"]) == job_id
+    assert run["provenance"]["slurm"]["restart_count"] == 0
+    assert json.loads((sweep_dir / "0_bf16_s0" / "summary.json").read_text())["status"] == "completed"
+    assert json.loads((sweep_dir / "slurm_jobs.json").read_text()) == {"0_bf16_s0": job_id}, "not resubmitted"

@@ -93,17 +93,6 @@ def test_an_invalid_job_stops_the_sweep_before_anything_runs(capsys, tmp_path):
     assert "nothing launched" in captured.err and not (tmp_path / "s").exists()
 
 
-def test_resume_takes_only_launcher_overrides(capsys, tmp_path):
-    jobs, _ = build_jobs("tiny_matrix", [])
-    from harness.multirun.spec import write_jobs
-
-    write_jobs(tmp_path / "jobs.yaml", "tiny_matrix", "2026-01-01_00-00-00", jobs)
-    assert S.main(["tiny_matrix", "--resume", str(tmp_path), "steps=3"]) == 2
-    assert "drop ['steps=3']" in capsys.readouterr().err
-    assert S.main(["hopper_matrix", "--resume", str(tmp_path)]) == 2
-    assert "that is sweep tiny_matrix" in capsys.readouterr().err
-
-
 FAILING = """overrides: [model=gpt_tiny, steps=3, log_interval=1, eval_interval=0, eval_tokens=512,
             micro_batch_size=4, global_batch_size=4, data.num_tokens=20000, logger=none]
 seeds: [0]

@@ -8,38 +8,55 @@ Overrides apply to every job (baselines included) and win over the file's; `seed
 sweep's seeds; another comma list multiplies the sweep. `hydra/launcher=local_parallel|slurm|<site>`
 and `hydra.*` overrides go to Hydra (default launcher: `serial`, one job at a time with live progress).
 `--dry-run` prints every job with its validation verdict and runs nothing. The sweep lands in
-multirun/NAME/<date_time> (or hydra.sweep.dir=), with jobs.yaml (the job list) beside the runs; its W&B
-group is NAME/<date_time>. `--resume` relaunches the jobs of an existing sweep directory, skipping the
-completed and diverged ones; interrupted runs resume from their checkpoints.
+multirun/NAME/<date_time> (or hydra.sweep.dir=, a new or empty directory), which it owns: sweep.yaml
+records the sweep's name, its file's sha256 and the extra overrides, jobs.yaml the job list; another
+launch into it is refused. Its W&B group is NAME/<date_time>.
 
-At the end: a summary table of every job's status, the report (`python -m analysis.report SWEEP_DIR`,
-whatever the statuses; `--no-report` skips it) and an exit code equal to the number of jobs that did
-not finish (failed, preempted, or no summary at all), capped at 100; 2 with nothing launched means a
-configuration error, named on stderr.
+`--resume SWEEP_DIR` relaunches the jobs that did not finish (completed and diverged ones are skipped;
+interrupted runs resume from their checkpoints) with the launch's overrides; it may change only the
+launcher (`hydra/launcher=`, `hydra.launcher.*`), refuses a changed sweep file or a damaged jobs.yaml, and
+is refused while another harness.sweep holds the directory. On Slurm, jobs still queued or running are
+watched again, not resubmitted.
+
+Ctrl-C, SIGTERM or SIGHUP stop the sweep with one line and the command that resumes it: local jobs
+checkpoint and end, Slurm jobs go on (a second signal ends local jobs at once). Killing this process
+ends its local jobs too. At the end: a summary table of every job's status, the report
+(`python -m analysis.report SWEEP_DIR`, whatever the statuses; `--no-report` skips it) and an exit code
+equal to the number of jobs that did not finish (failed, preempted, or no summary at all), capped at 100;
+2 with nothing launched means a configuration error, named on stderr; 128 + the signal after a stop.
 """
 
 from __future__ import annotations
 
-import subprocess
+import os
+import shlex
+import signal
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from harness.config.paths import SWEEPS_DIR
 from harness.config.schema import Config
-from harness.multirun.progress import fmt_duration, fmt_loss, read_summary
+from harness.multirun import sweepdir as D
+from harness.multirun.progress import FINISHED, fmt_duration, fmt_loss, read_summary
 from harness.multirun.spec import (
     Job,
     SweepError,
     build_jobs,
+    hydra_value,
+    jobs_text,
     key_of,
     known_sweeps,
     read_jobs,
+    spec_path,
     sweep_name,
-    write_jobs,
 )
+from harness.multirun.stop import Interrupted, StopSignals
 
-FINISHED = ("completed", "diverged")
 FLAGS = ("--dry-run", "--no-report", "--report")
 
 
@@ -63,31 +80,97 @@ def parse_args(argv: list[str]) -> dict:
     return args
 
 
-def plan(args: dict) -> tuple[list[Job], list[str], Path, str]:
-    """(jobs, Hydra overrides, sweep dir, stamp) for a new sweep or a resumed one."""
-    name = sweep_name(args["name"])
+@dataclass
+class Sweep:
+    """One launch: a new sweep (record None until its directory is claimed) or a resumed one."""
+
+    name: str
+    file: Path
+    sweep_dir: Path
+    stamp: str
+    jobs: list[Job]
+    hydra_args: list[str]  # to the Hydra process: launcher and hydra.* overrides
+    extra: list[str]  # the command line's overrides, recorded at a launch
+    record: dict | None = None
+    resume: bool = False
+
+    def resume_command(self) -> str:
+        """The exact command that resumes this sweep (its file by name where it is a named sweep)."""
+        named = self.file.absolute() == (SWEEPS_DIR / f"{self.name}.yaml").absolute()
+        args = ["python", "-m", "harness.sweep", self.name if named else str(self.file.absolute())]
+        return shlex.join([*args, "--resume", str(self.sweep_dir)])
+
+
+def given_dir(value: str) -> Path:
+    """hydra.sweep.dir=VALUE as a path: the text as given (it is never a sweep), or the string inside
+    where the value is one quoted in Hydra's grammar ('/a,b')."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if value[:1] in "'\"" and value[-1:] == value[:1]:
+        try:
+            parsed = OverridesParser.create().parse_override(f"k={value}").value()
+            if isinstance(parsed, str):
+                return Path(parsed).absolute()
+        except Exception:  # noqa: BLE001 - not Hydra's grammar: the text itself
+            pass
+    return Path(value).absolute()
+
+
+def plan(args: dict) -> Sweep:
+    """The launch asked for, checked against its directory: a new sweep or a resumed one."""
+    name, file = sweep_name(args["name"]), spec_path(args["name"])
     if args["resume"]:
-        sweep_dir = Path(args["resume"]).absolute()
-        if not (sweep_dir / "jobs.yaml").exists():
-            raise SweepError(f"--resume {sweep_dir}: no jobs.yaml there (not a sweep made by harness.sweep)")
-        sweep, stamp, jobs = read_jobs(sweep_dir / "jobs.yaml")
-        if sweep != name:
-            raise SweepError(f"--resume {sweep_dir}: that is sweep {sweep}, not {name}")
-        job_args = [a for a in args["extra"] if not a.startswith(("hydra.", "hydra/"))]
-        if job_args:
-            raise SweepError(
-                f"--resume relaunches the jobs of {sweep_dir / 'jobs.yaml'} unchanged: drop {job_args} "
-                "(only hydra/launcher= and hydra.* overrides), or start a new sweep"
-            )
-        return jobs, args["extra"], sweep_dir, stamp
+        return plan_resume(name, file, Path(args["resume"]).absolute(), args["extra"])
     jobs, hydra_args = build_jobs(args["name"], args["extra"])
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    given = [a.split("=", 1)[1] for a in hydra_args if a.startswith("hydra.sweep.dir=")]
-    sweep_dir = Path(given[-1] if given else f"multirun/{name}/{stamp}").absolute()
+    given = [given_dir(a.split("=", 1)[1]) for a in hydra_args if key_of(a) == "hydra.sweep.dir"]
+    sweep_dir = given[-1] if given else Path(f"multirun/{name}/{stamp}").absolute()
+    D.check_free(sweep_dir)
+    group = hydra_value(f"{name}/{stamp}")
     for job in jobs:
         if not any(key_of(o) == "logger.wandb.group" for o in job.overrides):
-            job.overrides.insert(-2, f"logger.wandb.group={name}/{stamp}")
-    return jobs, hydra_args, sweep_dir, stamp
+            job.overrides.insert(-2, f"logger.wandb.group={group}")
+    hydra_args = [a for a in hydra_args if key_of(a) != "hydra.sweep.dir"]
+    extra = [a for a in args["extra"] if key_of(a) != "hydra.sweep.dir"]  # the directory is where it is
+    return Sweep(name, file, sweep_dir, stamp, jobs, hydra_args, extra)
+
+
+def plan_resume(name: str, file: Path, sweep_dir: Path, given: list[str]) -> Sweep:
+    if (sweep_dir / D.RECORD).exists():
+        record = D.read_record(sweep_dir)
+    elif (sweep_dir / D.JOBS).exists():
+        record = adopt(sweep_dir, file)
+    else:
+        raise SweepError(f"--resume {sweep_dir}: no {D.RECORD} there (not a sweep made by harness.sweep)")
+    if record["sweep"] != name:
+        raise SweepError(f"--resume {sweep_dir}: that is sweep {record['sweep']}, not {name}")
+    D.check_file(record, file)
+    D.check_jobs(record, sweep_dir / D.JOBS)
+    _, stamp, jobs = read_jobs(sweep_dir / D.JOBS)
+    hydra_args = D.resume_args(record, given, sweep_dir)
+    file = Path(record["file"]) if record.get("file") and not file.exists() else file
+    return Sweep(name, file, sweep_dir, stamp, jobs, hydra_args, [], record, resume=True)
+
+
+def adopt(sweep_dir: Path, file: Path) -> dict:
+    """The record of a sweep launched before sweeps had one (jobs.yaml alone): its job list must be
+    whole (every run directory there is one of its jobs); its overrides are unknown."""
+    sweep, stamp, jobs = read_jobs(sweep_dir / D.JOBS)
+    names = {j.name for j in jobs}
+    lost = sorted(p.name for p in sweep_dir.iterdir() if (p / "run.json").exists() and p.name not in names)
+    if lost:
+        raise SweepError(f"{sweep_dir / D.JOBS} is damaged: it lacks the jobs of {', '.join(lost)}; not used")
+    data = (sweep_dir / D.JOBS).read_bytes()
+    record = {
+        "sweep": sweep,
+        "stamp": stamp,
+        "overrides": None,
+        "jobs": len(jobs),
+        "jobs_sha256": D.sha256(data),
+    }
+    if file.exists():
+        record.update(file=str(file.absolute()), file_sha256=D.sha256(file.read_bytes()))
+    return record
 
 
 class Validator:
@@ -163,10 +246,8 @@ def print_jobs(jobs: list[Job], sweep_dir: Path, stream=sys.stdout) -> None:
         print(f"{job.name:<34} {state}\n    {' '.join(own)}", file=stream)
     n_skip = sum(j.skip for j in jobs)
     bad = sum(j.verdict.startswith("error") for j in jobs)
-    print(
-        f"{len(jobs)} jobs ({n_skip} finished, {len(jobs) - n_skip} to run, {bad} invalid) -> {sweep_dir}",
-        file=stream,
-    )
+    to_run = len(jobs) - n_skip
+    print(f"{len(jobs)} jobs ({n_skip} finished, {to_run} to run, {bad} invalid) -> {sweep_dir}", file=stream)
 
 
 def mark_finished(jobs: list[Job], sweep_dir: Path) -> None:
@@ -174,9 +255,21 @@ def mark_finished(jobs: list[Job], sweep_dir: Path) -> None:
         job.skip = (read_summary(sweep_dir / job.name) or {}).get("status") in FINISHED
 
 
-def launch(jobs: list[Job], name: str, stamp: str, sweep_dir: Path, hydra_args: list[str]) -> int:
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_jobs(sweep_dir / "jobs.yaml", name, stamp, jobs)
+def take(sweep: Sweep) -> D.SweepLock:
+    """Hold the sweep directory; a new sweep's job list and record are written first (one from before
+    records gets its record)."""
+    files = {}
+    if not sweep.resume:
+        text = jobs_text(sweep.name, sweep.stamp, sweep.jobs)
+        sweep.record = D.make_record(sweep.name, sweep.file, sweep.extra, sweep.stamp, text, len(sweep.jobs))
+        files[D.JOBS] = text
+    files[D.RECORD] = OmegaConf.to_yaml(OmegaConf.create(sweep.record))
+    return D.claim(sweep.sweep_dir, files, new=not sweep.resume)
+
+
+def hydra_command(sweep: Sweep) -> list[str]:
+    """The Hydra multirun of the sweep's jobs (hydra/sweeper=lowp reads jobs.yaml; paths quoted)."""
+    hydra_args = list(sweep.hydra_args)
     if not any(a.startswith("hydra/launcher=") for a in hydra_args):
         import importlib.util
 
@@ -184,25 +277,38 @@ def launch(jobs: list[Job], name: str, stamp: str, sweep_dir: Path, hydra_args: 
         # launcher runs them in this one (a failed job still returns, so the sweep goes on)
         default = "serial" if importlib.util.find_spec("submitit") else "basic"
         if default == "basic":
-            print(
-                "note: submitit is not installed: jobs run in-process (hydra/launcher=basic)", file=sys.stderr
-            )
+            say("note: submitit is not installed: jobs run in-process (hydra/launcher=basic)")
         hydra_args = [f"hydra/launcher={default}", *hydra_args]
-    hydra_args = [a for a in hydra_args if not a.startswith("hydra.sweep.dir=")]
-    cmd = [
+    return [
         sys.executable,
         "-m",
         "harness.train",
         "-m",
         "hydra/sweeper=lowp",
-        f"hydra.sweeper.jobs_file={sweep_dir / 'jobs.yaml'}",
-        f"hydra.sweep.dir={sweep_dir}",
+        f"hydra.sweeper.jobs_file={hydra_value(str(sweep.sweep_dir / D.JOBS))}",
+        f"hydra.sweep.dir={hydra_value(str(sweep.sweep_dir))}",
         *hydra_args,
     ]
-    return subprocess.call(cmd)
+
+
+def launch(sweep: Sweep, lock: D.SweepLock, stop: StopSignals) -> int:
+    """Run hydra_command in a process of its own session (terminal signals reach only this driver,
+    which relays them) that inherits the directory's lock and stops its jobs if this process dies."""
+    import importlib
+
+    # Hydra finds plugins by listing the folders of `hydra_plugins`, and an editable install's import
+    # hook lists none: the folder that holds lowp's goes on the path, whatever the working directory
+    plugins = str(Path(importlib.import_module("hydra_plugins.lowp_launcher").__file__).parents[2])
+    path = os.pathsep.join(p for p in (plugins, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, D.DRIVER_ENV: str(os.getpid())}
+    return stop.run(hydra_command(sweep), env=env, pass_fds=(lock.fd,), started=lock.note_launcher)
 
 
 COLUMNS = ("job", "recipe", "seed", "status", "eval loss", "steps", "wall")
+
+
+def not_finished(jobs: list[Job], sweep_dir: Path) -> list[Job]:
+    return [j for j in jobs if (read_summary(sweep_dir / j.name) or {}).get("status") not in FINISHED]
 
 
 def summary_table(jobs: list[Job], sweep_dir: Path) -> int:
@@ -246,34 +352,82 @@ def print_table(title: str, rows: list[tuple]) -> None:
     Console(width=max(100, Console().width)).print(table)
 
 
-def main(argv: list[str] | None = None) -> int:
+def say(line: str) -> None:
+    """One line on stderr, where there still is one (SIGHUP: the terminal may be gone)."""
     try:
-        args = parse_args(list(sys.argv[1:] if argv is None else argv))
-        if args["help"]:
-            print(__doc__.strip())
-            print("sweeps:", ", ".join(known_sweeps()))
-            return 0
-        jobs, hydra_args, sweep_dir, stamp = plan(args)
-    except SweepError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    name = sweep_name(args["name"])
-    if args["resume"]:
-        mark_finished(jobs, sweep_dir)
-    bad = validate_jobs([j for j in jobs if not j.skip])
-    if args["dry_run"] or bad:
-        print_jobs(jobs, sweep_dir, sys.stdout if args["dry_run"] else sys.stderr)
-        if bad:
-            print(f"error: {bad} invalid jobs in sweep {name}; nothing launched", file=sys.stderr)
-        return 2 if bad else 0
-    rc = launch(jobs, name, stamp, sweep_dir, hydra_args)
-    not_finished = summary_table(jobs, sweep_dir)
-    if not args["no_report"]:
-        print(f"report: python -m analysis.report {sweep_dir}")
-        subprocess.call([sys.executable, "-m", "analysis.report", str(sweep_dir)])
-    if rc and not_finished == len(jobs):  # nothing ran: Hydra's own error (composition, launcher)
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def stopped(sweep: Sweep | None, signum: int) -> int:
+    name = signal.Signals(signum).name
+    if sweep is None or sweep.record is None:
+        say(f"stopped by {name} before the sweep was launched; nothing was written")
+        return 128 + signum
+    left = not_finished(sweep.jobs, sweep.sweep_dir)
+    on_slurm = [D.slurm_jobs(sweep.sweep_dir).get(j.name) for j in left]
+    going = f" (Slurm jobs {', '.join(i for i in on_slurm if i)} go on)" if any(on_slurm) else ""
+    say(
+        f"stopped by {name}: {len(left)} of {len(sweep.jobs)} jobs not finished{going}; "
+        f"resume with: {sweep.resume_command()}"
+    )
+    return 128 + signum
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sweep = None
+    with StopSignals() as stop:
+        try:
+            args = parse_args(argv)
+            if args["help"]:
+                print(__doc__.strip())
+                print("sweeps:", ", ".join(known_sweeps()))
+                return 0
+            sweep = plan(args)
+            return run(sweep, args, stop)
+        except SweepError as exc:
+            say(f"error: {exc}")
+            return 2
+        except D.DirError as exc:
+            say(f"error: {exc}")
+            return 1
+        except Interrupted as exc:
+            return stopped(sweep, exc.signum)
+
+
+def run(sweep: Sweep, args: dict, stop: StopSignals) -> int:
+    # a resume holds its directory from the start (refused at once while another driver does); a new
+    # sweep makes its directory only once every job is valid
+    lock = take(sweep) if sweep.resume and not args["dry_run"] else None
+    try:
+        if sweep.resume:
+            mark_finished(sweep.jobs, sweep.sweep_dir)
+        bad = validate_jobs([j for j in sweep.jobs if not j.skip])
+        if args["dry_run"] or bad:
+            print_jobs(sweep.jobs, sweep.sweep_dir, sys.stdout if args["dry_run"] else sys.stderr)
+            if bad:
+                say(f"error: {bad} invalid jobs in sweep {sweep.name}; nothing launched")
+            return 2 if bad else 0
+        lock = lock or take(sweep)
+        rc = launch(sweep, lock, stop) if any(not j.skip for j in sweep.jobs) else 0
+        if stop.signum:
+            return stopped(sweep, stop.signum)
+        left = summary_table(sweep.jobs, sweep.sweep_dir)
+        if left:
+            print(f"resume: {sweep.resume_command()}")
+        if not args["no_report"]:
+            print(f"report: python -m analysis.report {shlex.quote(str(sweep.sweep_dir))}")
+            stop.run([sys.executable, "-m", "analysis.report", str(sweep.sweep_dir)])
+            if stop.signum:
+                return stopped(sweep, stop.signum)
+    finally:
+        if lock is not None:
+            lock.release()
+    if rc and left == len(sweep.jobs):  # nothing ran: Hydra's own error (composition, launcher)
         return rc
-    return min(not_finished, 100)
+    return min(left, 100)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ The launcher feeds it job states; the numbers of a finished job come from its ru
 summary.json (recipe, seed, final eval loss, status), the only place that knows how a run ended.
 On a terminal the status line is redrawn in place (rich); elsewhere (CI logs, `nohup`) it is printed
 when the counts change, at most every `plain_every_s` seconds, so logs are not flooded either.
+A sweep that is being stopped goes `quiet()`: the line that stopped it is the last one printed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 FAILED = ("failed", "preempted", "missing")
+FINISHED = ("completed", "diverged")  # what --resume skips
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -80,6 +82,7 @@ class SweepProgress:
         self._plain_last: tuple | None = None
         self._plain_t = 0.0
         self.plain_every_s = plain_every_s
+        self._quiet = False
 
     def __enter__(self) -> SweepProgress:
         if self.console.is_terminal:
@@ -92,8 +95,15 @@ class SweepProgress:
     def __exit__(self, *exc) -> None:
         if self._live is not None:
             self._live.__exit__(*exc)
-        if self._live is not None or self._plain_last != (self.done, self.failed, 0, 0):
+        if not self._quiet and (self._live is not None or self._plain_last != (self.done, self.failed, 0, 0)):
             self.console.print(self.status_line(), markup=False)
+
+    def quiet(self) -> None:
+        """Print nothing more (the status line is cleared from a terminal)."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        self._quiet = True
 
     def eta_s(self) -> float | None:
         if not self.done:
@@ -109,6 +119,8 @@ class SweepProgress:
 
     def update(self, running: int, queued: int) -> None:
         self.counts = {"running": running, "queued": queued}
+        if self._quiet:
+            return
         if self._live is not None:
             self._live.update(self.status_line())
             return
@@ -123,4 +135,5 @@ class SweepProgress:
         self.done += 1
         if (summary or {}).get("status", "missing") in FAILED:
             self.failed += 1
-        self.console.print(f"[{self.done}/{self.total}] {job_line(name, summary, note)}", markup=False)
+        if not self._quiet:
+            self.console.print(f"[{self.done}/{self.total}] {job_line(name, summary, note)}", markup=False)

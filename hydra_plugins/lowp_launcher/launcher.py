@@ -15,11 +15,19 @@ launcher's `checkpoint()` for the same job, requeues it (time-limit stops count 
 scancel) Slurm decides. Either way the job exits without a result, so the driver keeps waiting while
 the job is requeued (or sees it cancelled). A requeued job runs the same overrides in the same run
 directory and resumes from its checkpoint, with the same W&B run.
+
+Stopping: SIGINT, SIGTERM or SIGHUP to this process (`harness.sweep` relays a stop this way), or the death
+of the `harness.sweep` that started it (its pid is in LOWP_SWEEP_DRIVER_PID), stops the sweep quietly:
+no job is started any more; local jobs get SIGTERM (they checkpoint and end) and are waited for; Slurm
+jobs go on. Every Slurm job id is recorded in `<sweep dir>/slurm_jobs.json` when it is submitted, and a
+relaunch (`harness.sweep --resume`) watches the recorded jobs that still wait or run instead of
+submitting them again.
 """
 
 # no `from __future__ import annotations`: Hydra imports plugin modules outside sys.modules (dataclasses)
 
 import logging
+import os
 import signal
 import time
 from collections import deque
@@ -47,6 +55,7 @@ SHARED_KEYS = (
     "stderr_to_stdout",
     "name",
 )
+ALIVE = {"PENDING", "REQUEUED", "CONFIGURING", "READY", "SUSPENDED", "RUNNING", "COMPLETING", "PREEMPTED"}
 QUEUED = {
     "PENDING",
     "REQUEUED",
@@ -66,7 +75,6 @@ class Planned:
     run_dir: Path
     name: str
     job: Any = None
-    started: bool = False
     finished: bool = False
 
 
@@ -83,9 +91,14 @@ class LowpLauncher(Launcher):
         self.config: DictConfig | None = None
         self.hydra_context = None
         self.task_function = None
+        self.driver: int | None = None  # the pid of the harness.sweep that started this process
 
     def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
+        from harness.multirun.sweepdir import DRIVER_ENV
+
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        driver = os.environ.pop(DRIVER_ENV, None)  # for this process only: its jobs start no sweep
+        self.driver = int(driver) if driver else None
 
     # -- in the job (on the node) ------------------------------------------------------------------
     def __call__(self, sweep_overrides, job_dir_key, job_num, job_id, singleton_state) -> JobReturn:
@@ -176,30 +189,77 @@ class LowpLauncher(Launcher):
         for p in plans:
             p.num += initial_job_idx
         executor = self._executor()
-        pending, active = deque(plans), []
+        active = self._reattach(plans, sweep_dir)
+        pending = deque(p for p in plans if p.job is None)
         limit = int(self.lowp.get("max_parallel") or 0)
         poll = float(self.lowp.get("poll_s") or 1.0)
-        with SweepProgress(self.sweep_name(), len(plans)) as progress:
+        with _Stop(self.driver) as stop, SweepProgress(self.sweep_name(), len(plans)) as progress:
             while pending or active:
+                if stop.requested:
+                    progress.quiet()
+                    pending.clear()
+                    if not self._stop_jobs(active):
+                        break
                 while pending and (limit <= 0 or len(active) < limit):
-                    active.append(self._submit(executor, pending.popleft()))
+                    active.append(self._submit(executor, pending.popleft(), sweep_dir))
                 self._refresh(active)
                 for p in [p for p in active if self._done(p)]:
                     active.remove(p)
                     p.finished = True
-                    progress.finished(p.name, _summary(p), _job_error(p))
+                    progress.finished(p.name, _summary(p), "" if stop.requested else _job_error(p))
                 running = sum(self._state(p) not in QUEUED for p in active)
                 progress.update(running=running, queued=len(pending) + len(active) - running)
                 if pending or active:
-                    time.sleep(poll)
+                    stop.sleep(poll)
         return [self._job_return(p) for p in plans]
 
-    def _submit(self, executor, p: Planned) -> Planned:
+    def _stop_jobs(self, active: list[Planned]) -> bool:
+        """Local jobs get SIGTERM (the run checkpoints and ends), again at every poll, since a job still
+        starting has submitit's handler, which ignores it: this process's whole group where it leads one
+        (harness.sweep starts it so; a job's controller may sit under a `setup` shell), else each job's
+        controller, which passes it on. Returns whether to wait for them. Slurm jobs go on: a relaunch
+        watches them again."""
+        if self._EXECUTOR == "slurm":
+            return False
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpgrp(), signal.SIGTERM)  # this process's own handler only notes it
+        else:
+            for p in active:
+                _kill(int(p.job.job_id))
+        return True
+
+    def _reattach(self, plans: list[Planned], sweep_dir: Path) -> list[Planned]:
+        """The plans whose recorded Slurm job still waits or runs, each given that job to watch."""
+        from harness.multirun.sweepdir import slurm_jobs
+
+        ids = slurm_jobs(sweep_dir) if self._EXECUTOR == "slurm" else {}
+        known = [p for p in plans if p.name in ids]
+        if not known:
+            return []
+        import submitit
+
+        tasks = tuple(range(int(self.params.get("nodes") or 1) * int(self.params.get("tasks_per_node") or 1)))
+        jobs = {p.name: submitit.SlurmJob(self.params["submitit_folder"], ids[p.name], tasks) for p in known}
+        submitit.SlurmJob.watcher.update()  # one sacct call for all of them
+        attached = []
+        for p in known:
+            job = jobs[p.name]
+            if job.watcher.get_state(job.job_id, mode="cache").upper().split(" ")[0] in ALIVE:
+                p.job = job
+                attached.append(p)
+                log.info("%s: Slurm job %s still waits or runs; watching it again", p.name, job.job_id)
+        return attached
+
+    def _submit(self, executor, p: Planned, sweep_dir: Path) -> Planned:
+        from harness.multirun.sweepdir import note_slurm_job
+
         executor.update_parameters(name=f"lowp:{self.sweep_name()}:{p.name}")
         p.job = executor.submit(
             self, p.overrides, "hydra.sweep.dir", p.num, f"job_id_for_{p.num}", Singleton.get_state()
         )
         log.debug("submitted %s as %s", p.name, p.job.job_id)
+        if self._EXECUTOR == "slurm":
+            note_slurm_job(sweep_dir, p.name, p.job.job_id)
         return p
 
     def _refresh(self, active: list[Planned]) -> None:
@@ -235,6 +295,51 @@ class LowpLocalLauncher(LowpLauncher):
 
 class LowpSlurmLauncher(LowpLauncher):
     _EXECUTOR = "slurm"
+
+
+class _Stop:
+    """Why the sweep stops early: SIGINT, SIGTERM or SIGHUP to this process, or the harness.sweep that
+    started it gone (killed; this process's parent is no longer the pid it was given)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, driver: int | None):
+        self.signum = None
+        self.driver = driver
+        self.previous = {}
+
+    def __enter__(self) -> "_Stop":
+        for sig in self.SIGNALS:
+            try:
+                self.previous[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                break
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handler(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None or (self.driver is not None and os.getppid() != self.driver)
+
+    def sleep(self, seconds: float) -> None:
+        """Up to `seconds`, cut short when a stop is first requested."""
+        stopping = self.requested
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and (stopping or not self.requested):
+            time.sleep(min(0.2, max(0.0, end - time.monotonic())))
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
 
 
 def _run_dir(cfg: DictConfig) -> Path:

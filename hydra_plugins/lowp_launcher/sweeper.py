@@ -1,11 +1,14 @@
 """hydra/sweeper=lowp: launch an explicit list of jobs (not a cartesian product) in one batch.
 
 `harness.sweep` writes the list (sweeps/NAME.yaml expanded, with its BF16 baselines) to
-`<sweep dir>/jobs.yaml`; each job is its own override list, including its run directory name.
+`<sweep dir>/jobs.yaml` once; each job is its own override list, including its run directory name.
+A job whose run directory beside jobs.yaml says it finished (completed, diverged) is not launched
+again, which is how `harness.sweep --resume` skips them without rewriting the list.
 """
 
 # no `from __future__ import annotations`: Hydra imports plugin modules outside sys.modules (dataclasses)
 
+from pathlib import Path
 from typing import Any
 
 from hydra.plugins.sweeper import Sweeper
@@ -13,8 +16,16 @@ from omegaconf import OmegaConf
 
 
 def load_jobs(path: str) -> list[list[str]]:
+    """The override lists of the jobs still to run, in launch order."""
+    from harness.multirun.progress import FINISHED, read_summary
+
     spec = OmegaConf.to_container(OmegaConf.load(path))
-    return [list(job["overrides"]) for job in spec["jobs"] if not job.get("skip")]
+    sweep_dir = Path(path).parent
+    return [
+        list(job["overrides"])
+        for job in spec["jobs"]
+        if (read_summary(sweep_dir / job["name"]) or {}).get("status") not in FINISHED
+    ]
 
 
 class LowpSweeper(Sweeper):
