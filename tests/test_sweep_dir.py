@@ -3,7 +3,6 @@ sweep files, odd paths (in-process); stop signals and a killed driver (through t
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shlex
@@ -21,6 +20,7 @@ from omegaconf import OmegaConf
 from harness.multirun import launch as S
 from harness.multirun import sweepdir as D
 from harness.multirun.spec import hydra_value
+from tests.faults import tmpfs
 from tests.helpers import REPO
 
 # a path with every character a shell or Hydra's grammar treats specially
@@ -223,28 +223,11 @@ def test_odd_paths_reach_hydra_unchanged(no_launch, capsys, tmp_path):
 
 
 # -- a full disk (a real one: a small tmpfs) ----------------------------------------------------------------
-def can_make_faults() -> bool:
-    """Faults are made for real as root; elsewhere these tests skip, unless LOWP_REQUIRE_FAULTS=1."""
-    if os.geteuid() == 0:
-        return True
-    if os.environ.get("LOWP_REQUIRE_FAULTS") == "1":
-        pytest.fail("LOWP_REQUIRE_FAULTS=1 but not root: cannot mount a tmpfs")
-    pytest.skip("needs root to mount a small tmpfs")
-
-
 @pytest.fixture
 def full_disk(tmp_path):
     """A tmpfs of 4 KiB (one page), mounted in-process with mount(2)."""
-    can_make_faults()
-    libc = ctypes.CDLL(None, use_errno=True)
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if libc.mount(b"tmpfs", str(mnt).encode(), b"tmpfs", 0, b"size=4k") != 0:
-        if os.environ.get("LOWP_REQUIRE_FAULTS") == "1":
-            pytest.fail(f"mount tmpfs: {os.strerror(ctypes.get_errno())}")
-        pytest.skip(f"mount tmpfs: {os.strerror(ctypes.get_errno())}")
-    yield mnt
-    libc.umount2(str(mnt).encode(), 2)  # MNT_DETACH
+    with tmpfs(tmp_path / "tiny", 4096) as mnt:
+        yield mnt
 
 
 def test_a_sweep_that_cannot_write_its_directory_leaves_nothing(full_disk, capsys):
