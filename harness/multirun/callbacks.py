@@ -7,9 +7,9 @@ data each job would read (paths, dtypes, token counts, vocabulary; each distinct
 The first bad job stops the whole sweep with exit code 2 and one line naming the job's overrides,
 the options and the fix. Problems only a running job can meet are recorded in its run dir, and the
 launcher goes on to the next job (harness.train returns a `JobFailed`); when the jobs ran in this
-process (Hydra's basic launcher, the default of `python -m harness.train -m`) the multirun then ends
+process (Hydra's basic launcher, the default of `python -m harness.train -m`), or in processes of their
+own under lowp's launchers (which hand each job's status to `ran_elsewhere`), the multirun then ends
 with one line naming the failed jobs and exit code 1 (2 when each failed on its configuration).
-harness.sweep's launchers run each job in its own process and count the outcomes themselves.
 """
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ class ValidateSweep(Callback):
             failed = JobFailed(1, f"error: {type(failed).__name__}: {failed}")
         if isinstance(failed, JobFailed):
             self.failed.append((Path(str(config.hydra.runtime.output_dir)).name, failed))
+
+    def ran_elsewhere(self, name: str, status: str) -> None:
+        """A job that ran in a process of its own (lowp's serial, local_parallel and slurm launchers
+        tell the driver): a status other than completed or diverged counts as failed."""
+        if status not in ("completed", "diverged"):
+            self.failed.append((name, JobFailed(1, f"status {status}")))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.failed:

@@ -425,7 +425,7 @@ def run(sweep: Sweep, args: dict, stop: StopSignals) -> int:
     finally:
         if lock is not None:
             lock.release()
-    if rc and left == len(sweep.jobs):  # nothing ran: Hydra's own error (composition, launcher)
+    if rc and not any((sweep.sweep_dir / j.name).exists() for j in sweep.jobs):  # nothing ran: Hydra's error
         return rc
     return min(left, 100)
 

@@ -211,7 +211,19 @@ class LowpLauncher(Launcher):
                 progress.update(running=running, queued=len(pending) + len(active) - running)
                 if pending or active:
                     stop.sleep(poll)
-        return [self._job_return(p) for p in plans]
+        returns = [self._job_return(p) for p in plans]
+        self._tell_driver(plans, returns)
+        return returns
+
+    def _tell_driver(self, plans: list[Planned], returns: list[JobReturn]) -> None:
+        """The jobs ran in processes of their own, so their callbacks ran there: the driver's
+        multirun callback hears each outcome here, and a multirun with a failed job exits non-zero."""
+        from harness.multirun.callbacks import ValidateSweep
+
+        for callback in getattr(getattr(self.hydra_context, "callbacks", None), "callbacks", ()):
+            if isinstance(callback, ValidateSweep):
+                for p, ret in zip(plans, returns):
+                    callback.ran_elsewhere(p.name, ret.return_value)
 
     def _stop_jobs(self, active: list[Planned]) -> bool:
         """Local jobs get SIGTERM (the run checkpoints and ends), again at every poll, since a job still
