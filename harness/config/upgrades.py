@@ -46,7 +46,7 @@ class Change:
 
 
 _ROPE = "read only with rope_scaling=true"
-_MOE, _MOE_SINCE = "read only with num_moe_experts set (every model was dense)", "TBD"
+_MOE, _MOE_SINCE = "read only with num_moe_experts set (every model was dense)", "3658696"
 _MOE_FIELDS = {  # Megatron's TransformerConfig defaults
     "moe_ffn_hidden_size": None,
     "moe_router_topk": 2,
