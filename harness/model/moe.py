@@ -65,12 +65,10 @@ class Router(nn.Module):
         self.cfg = cfg
         self.weight = nn.Parameter(torch.empty(cfg.num_moe_experts, cfg.hidden_size))
         nn.init.normal_(self.weight, std=cfg.init_method_std)
-        self.expert_bias = self.local_tokens_per_expert = None
-        if cfg.moe_router_enable_expert_bias:
-            self.register_buffer("expert_bias", torch.zeros(cfg.num_moe_experts))
-            self.register_buffer(
-                "local_tokens_per_expert", torch.zeros(cfg.num_moe_experts), persistent=False
-            )
+        with_bias = cfg.moe_router_enable_expert_bias
+        self.register_buffer("expert_bias", torch.zeros(cfg.num_moe_experts) if with_bias else None)
+        counts = torch.zeros(cfg.num_moe_experts) if with_bias else None
+        self.register_buffer("local_tokens_per_expert", counts, persistent=False)
 
     def forward(self, tokens: torch.Tensor, seq_length: int):
         """tokens (T, h) in [s, b] order -> (probs (T, E), routing_map (T, E), losses): `losses` maps
@@ -78,7 +76,7 @@ class Router(nn.Module):
         computed only with autograd on (training), as Megatron does."""
         c = self.cfg
         logits = R.RouterGating.apply(tokens, self.weight, R.ROUTER_DTYPES[c.moe_router_dtype])  # (T, E)
-        training = torch.is_grad_enabled()
+        training = self.training and torch.is_grad_enabled()
         losses: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if c.moe_z_loss_coeff is not None and training:
             losses["z_loss"] = _logged(R.z_loss(logits, c.moe_z_loss_coeff), c.moe_z_loss_coeff)
@@ -102,7 +100,7 @@ class Router(nn.Module):
             else:
                 loss = R.seq_aux_loss(scores, aux_map, seq_length, c.moe_router_topk, coeff)
             losses[R.LOSS_NAMES[kind]] = _logged(loss, coeff)
-        if self.expert_bias is not None and training:
+        if self.expert_bias is not None and torch.is_grad_enabled():  # not in evaluation
             with torch.no_grad():
                 self.local_tokens_per_expert += routing_map.sum(dim=0)
         return probs, routing_map, losses
