@@ -417,6 +417,7 @@ REFUSED = {
     "model.moe_layer_freq=0": "moe_layer_freq=0: must be >= 1",
     "model.moe_expert_capacity_factor=-1.0": "moe_expert_capacity_factor=-1.0: must be > 0",
     "model.moe_aux_loss_coeff=-0.1": "moe_aux_loss_coeff=-0.1: must be >= 0",
+    "model.moe_z_loss_coeff=0": "moe_z_loss_coeff=0: must be > 0 (null = no z-loss)",
     "model.moe_router_padding_for_quantization=true": "pads to an FP8/FP4 recipe's alignment",
     "model.add_bias_linear=true": "model.add_bias_linear=true with model.num_moe_experts",
 }

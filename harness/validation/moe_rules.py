@@ -70,9 +70,11 @@ def _size_errors(m: ModelConfig) -> list[str]:
             f"model.moe_expert_capacity_factor={f}: must be > 0; null = dropless (Megatron reads a "
             "negative factor as null)"
         )
-    for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_bias_update_rate"):
-        if (v := getattr(m, key)) is not None and v < 0:
+    for key in ("moe_aux_loss_coeff", "moe_router_bias_update_rate"):
+        if (v := getattr(m, key)) < 0:
             errs.append(f"model.{key}={v}: must be >= 0")
+    if m.moe_z_loss_coeff is not None and m.moe_z_loss_coeff <= 0:  # the z-loss is logged / its coeff
+        errs.append(f"model.moe_z_loss_coeff={m.moe_z_loss_coeff}: must be > 0 (null = no z-loss)")
     return errs
 
 
