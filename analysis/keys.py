@@ -26,6 +26,9 @@ TOKENS_PER_S_PER_GPU = "throughput/tokens_per_s_per_gpu"
 TFLOPS = "throughput/tflops"
 MFU = "throughput/mfu"
 PEAK_MEM_GIB = "memory/peak_allocated_gib"
+MOE_LOAD_BALANCING_LOSS = "moe/load_balancing_loss"
+MOE_SEQ_LOAD_BALANCING_LOSS = "moe/seq_load_balancing_loss"
+MOE_Z_LOSS = "moe/z_loss"
 METRIC_KEYS = (
     LOSS_TRAIN,
     LOSS_EVAL,
@@ -37,6 +40,9 @@ METRIC_KEYS = (
     TFLOPS,
     MFU,
     PEAK_MEM_GIB,
+    MOE_LOAD_BALANCING_LOSS,
+    MOE_SEQ_LOAD_BALANCING_LOSS,
+    MOE_Z_LOSS,
 )
 NUMERICS_PREFIX = "numerics/"
 """Telemetry summaries inside metrics.jsonl: `numerics/<layer>/<tensor>/<stat>`."""

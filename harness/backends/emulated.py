@@ -24,7 +24,7 @@ from harness import recipes
 from harness.backends.base import Backend, BackendSpec
 from harness.backends.hooks import make_hook
 from harness.config.schema import ModelConfig
-from harness.model.gpt import GPT, Block, LayerNorm, bf16_values, norm
+from harness.model.gpt import GPT, MLP, Block, LayerNorm, bf16_values, norm
 from harness.numerics import NumericsContext, QuantizedLinear, fast
 from harness.numerics.formats import E4M3, cast_fp8
 from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm, te_rsigma
@@ -125,6 +125,41 @@ class EmulatedLinear(nn.Module):
     def extra_repr(self) -> str:
         q = ("bf16, dW fp32" if self.wgrad_fp32 else "bf16") if self.quant is None else repr(self.quant)
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}, numerics={q}"
+
+
+class EmulatedGroupedLinear(nn.Module):
+    """TE's GroupedLinear (Megatron's TEGroupedMLP experts): `num_gemms` bias-free linears, GEMM i
+    on the m_splits[i] rows of `forward(x, m_splits)` that follow GEMM i-1's. Each GEMM is one
+    `expert_linear` call, empty experts included (TE's grouped GEMM runs every member), so that a
+    recipe quantizes each expert on its own (its own amax, scale and history; blocks inside its
+    rows), as TE's split-quantize path does.
+
+    One weight (num_gemms, out, in), not a list: weight[i] is TE's weight{i} and the (out, in)
+    operand each expert's quantizer sees; the whole tensor is transformers 5's fused expert layout
+    (gate_up_proj (E, 2F, h), down_proj (E, h, F)) as it is, and the per-expert layouts (Mixtral's
+    w1/w3/w2, Qwen2/3-MoE's gate/up/down_proj) are its slices; the optimizer, FSDP2 and checkpoints
+    see one tensor per group. `unbind` hands the GEMMs their slices: one autograd node whose
+    backward stacks the experts' weight grads (zeros for an expert no token reached)."""
+
+    def __init__(self, name: str, num_gemms: int, in_features: int, out_features: int, wgrad_fp32=False):
+        super().__init__()
+        self.name, self.wgrad_fp32 = name, wgrad_fp32
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.weight = nn.Parameter(torch.empty(num_gemms, out_features, in_features))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
+        assert len(m_splits) == self.num_gemms, (self.name, m_splits)
+        parts = zip(x.split(m_splits), self.weight.unbind(0))
+        return torch.cat([self.expert_linear(i, xi, wi) for i, (xi, wi) in enumerate(parts)])  # (M, out)
+
+    def expert_linear(self, index: int, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Expert `index`'s GEMM on its rows x (m, in): BF16 (the recipes on experts take it over)."""
+        return bf16_linear(x, weight, None, self.wgrad_fp32)
+
+    def extra_repr(self) -> str:
+        dw = ", dW fp32" if self.wgrad_fp32 else ""
+        return f"{self.num_gemms} x ({self.in_features}, {self.out_features}), numerics=bf16{dw}"
 
 
 def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -237,6 +272,14 @@ class EmulatedOps:
         quant = None if recipe is None else self.backend.make_numerics(name, recipe)
         return EmulatedLinear(name, in_features, out_features, bias, quant, self.backend.wgrad_fp32(name))
 
+    def grouped_linear(self, name: str, num_gemms: int, in_features: int, out_features: int) -> nn.Module:
+        self.backend.linear_names.append(name)
+        # MoE runs in BF16 so far: validation refuses recipes and overrides that quantize a model with experts
+        assert self.backend.plan.recipe_for(name) is None, name
+        return EmulatedGroupedLinear(
+            name, num_gemms, in_features, out_features, self.backend.wgrad_fp32(name)
+        )
+
     def activation(self, name: str, kind: str) -> nn.Module:
         return Activation(name, kind, self.backend.spec.optimizer.activation_func_fp8_input_store)
 
@@ -302,9 +345,11 @@ class EmulatedBackend(Backend):
         for block in model.blocks:  # a norm whose linear rounds its input to bf16 hands over bf16
             if not isinstance(block, Block):
                 continue
-            for ln, linear in ((block.ln1, block.attn.qkv), (block.ln2, block.mlp.fc1)):
+            # an MoE layer rounds its input to bf16 first (harness.model.moe.MoE)
+            mlp_rounds = not isinstance(block.mlp, MLP) or rounds_input_to_bf16(block.mlp.fc1)
+            for ln, rounds in ((block.ln1, rounds_input_to_bf16(block.attn.qkv)), (block.ln2, mlp_rounds)):
                 if isinstance(ln, TEOrderLayerNorm):
-                    ln.bf16_output = rounds_input_to_bf16(linear)
+                    ln.bf16_output = rounds
         return model
 
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -226,6 +226,46 @@ class ModelConfig:
     """Bias on the QKV projection only (--add-qkv-bias; Qwen2)."""
     hf_config: str | None = None
     """model=hf: the Hugging Face config.json (or its directory) the shape is read from."""
+    # mixture of experts (Megatron's TransformerConfig names and defaults; harness/model/moe.py)
+    num_moe_experts: int | None = None
+    """Routed experts of each MoE layer (--num-experts); null = a dense model."""
+    moe_ffn_hidden_size: int | None = None
+    """Each routed expert's MLP width (--moe-ffn-hidden-size); null = ffn_hidden_size."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to (--moe-router-topk)."""
+    moe_router_score_function: str = "softmax"
+    """softmax or sigmoid (--moe-router-score-function)."""
+    moe_router_pre_softmax: bool = False
+    """Score function before the top-k selection (--moe-router-pre-softmax); false: softmax over the
+    top-k logits (Mixtral; Qwen3-MoE's norm_topk_prob=true)."""
+    moe_router_topk_scaling_factor: float | None = None
+    """Routing probabilities scaled by this (--moe-router-topk-scaling-factor; DeepSeek-V3: 2.5)."""
+    moe_router_load_balancing_type: str = "aux_loss"
+    """aux_loss (per micro-batch), seq_aux_loss (per sequence, DeepSeek) or none."""
+    moe_aux_loss_coeff: float = 0.0
+    """Weight of the load-balancing loss in the training objective (--moe-aux-loss-coeff); 0 = off."""
+    moe_z_loss_coeff: float | None = None
+    """Weight of the router z-loss in the training objective (--moe-z-loss-coeff); null = off."""
+    moe_router_enable_expert_bias: bool = False
+    """Aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the sigmoid scores used for the
+    top-k selection only, moved after each step by the tokens each expert got."""
+    moe_router_bias_update_rate: float = 1e-3
+    """Step of that expert bias update (--moe-router-bias-update-rate)."""
+    moe_shared_expert_intermediate_size: int | None = None
+    """Width of the shared expert every token also goes through; null = none (Qwen2-MoE: 5632)."""
+    moe_shared_expert_gate: bool = False
+    """A sigmoid gate on the shared expert's output (Qwen2-MoE's shared_expert_gate)."""
+    moe_layer_freq: Any = 1
+    """Which layers are MoE: N = every N-th from the first, or a 0/1 list of num_layers
+    (--moe-layer-freq; [0, 1, 1, ...] = DeepSeek's first dense layers)."""
+    moe_router_dtype: str | None = None
+    """Dtype of the router's logits and probabilities: fp32, fp64, or null = the model's (bf16)."""
+    moe_expert_capacity_factor: float | None = None
+    """Tokens an expert takes at most, as a factor of its even share; the lowest-probability ones
+    beyond it are dropped (Megatron's drop policy `probs`); null = dropless."""
+    moe_router_padding_for_quantization: bool = False
+    """Quantized recipes: pad each expert's tokens to the recipe's alignment by routing real tokens
+    at probability 0 (Megatron's pad_routing_map) instead of zero rows; read by the recipes on experts."""
 
 
 @dataclass

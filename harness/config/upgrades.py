@@ -46,6 +46,25 @@ class Change:
 
 
 _ROPE = "read only with rope_scaling=true"
+_MOE, _MOE_SINCE = "read only with num_moe_experts set (every model was dense)", "3658696"
+_MOE_FIELDS = {  # Megatron's TransformerConfig defaults
+    "moe_ffn_hidden_size": None,
+    "moe_router_topk": 2,
+    "moe_router_score_function": "softmax",
+    "moe_router_pre_softmax": False,
+    "moe_router_topk_scaling_factor": None,
+    "moe_router_load_balancing_type": "aux_loss",
+    "moe_aux_loss_coeff": 0.0,
+    "moe_z_loss_coeff": None,
+    "moe_router_enable_expert_bias": False,
+    "moe_router_bias_update_rate": 1e-3,
+    "moe_shared_expert_intermediate_size": None,
+    "moe_shared_expert_gate": False,
+    "moe_layer_freq": 1,
+    "moe_router_dtype": None,
+    "moe_expert_capacity_factor": None,
+    "moe_router_padding_for_quantization": False,
+}
 _PARALLEL = {
     "name": "none",
     "strategy": "none",
@@ -80,6 +99,8 @@ ADDED: dict[str, Change] = {c.field: c for c in (
            "TE's default: fast accumulation in the forward GEMMs only, what TE did without the field"),
     Change("OptimizerConfig.step_in_backward", False, "b3384d0", "the optimizer stepped after backward"),
     Change("ModuleOverride.fields", {}, "95aba5e", "no fields: the override's recipe ran as its preset"),
+    Change("ModelConfig.num_moe_experts", None, _MOE_SINCE, "every model was dense (an MLP in each block)"),
+    *(Change(f"ModelConfig.{name}", value, _MOE_SINCE, _MOE) for name, value in _MOE_FIELDS.items()),
 )}
 
 _HEAD = "the FP8 LM head failed the loss check (benchmarks/RESULTS.md, 'Loss checks of the TE options')"

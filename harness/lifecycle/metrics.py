@@ -23,6 +23,10 @@ TOKENS_PER_S_PER_GPU = "throughput/tokens_per_s_per_gpu"
 TFLOPS = "throughput/tflops"
 MFU = "throughput/mfu"
 PEAK_MEM_GIB = "memory/peak_allocated_gib"
+MOE = "moe"  # MoE router losses, moe/<Megatron's name>: logged beside loss/train, never inside it
+MOE_LOAD_BALANCING_LOSS = "moe/load_balancing_loss"
+MOE_SEQ_LOAD_BALANCING_LOSS = "moe/seq_load_balancing_loss"
+MOE_Z_LOSS = "moe/z_loss"
 NUMERICS = "numerics"  # telemetry keys: numerics/<layer>/<tensor>/<stat>
 STEP = "step"
 TOKENS = "tokens"
@@ -38,6 +42,9 @@ ALL_KEYS = (
     TFLOPS,
     MFU,
     PEAK_MEM_GIB,
+    MOE_LOAD_BALANCING_LOSS,
+    MOE_SEQ_LOAD_BALANCING_LOSS,
+    MOE_Z_LOSS,
 )
 
 
@@ -120,15 +127,17 @@ class MetricsProcessor:
         self.log_interval = max(1, log_interval)
         self.timer = StepTimer(device)
         self._losses: list[torch.Tensor] = []
+        self._moe: dict[str, list[torch.Tensor]] = {}  # router losses per step, by Megatron's name
         self._last: dict = {}
         self.first_loss: float | None = None
 
     def state_dict(self) -> dict:
-        """What the next logged row depends on: the losses since the last row, the last step's lr and
-        gradient norm, the first logged loss, and the step times."""
+        """What the next logged row depends on: the losses (and MoE router losses) since the last row,
+        the last step's lr and gradient norm, the first logged loss, and the step times."""
         norm = self._last.get("grad_norm")
         return {
             "losses": torch.stack(self._losses).cpu() if self._losses else None,
+            "moe": {name: torch.stack(values).cpu() for name, values in self._moe.items()},
             "last": {**self._last, "grad_norm": None if norm is None else norm.cpu()},
             "first_loss": self.first_loss,
             "timer": self.timer.state_dict(),
@@ -137,6 +146,8 @@ class MetricsProcessor:
     def load_state_dict(self, state: dict) -> None:
         losses = state["losses"]
         self._losses = [] if losses is None else list(losses.to(self.device).unbind())
+        moe = state.get("moe", {})  # absent from checkpoints of dense-only lowp
+        self._moe = {name: list(values.to(self.device).unbind()) for name, values in moe.items()}
         norm = state["last"].get("grad_norm")
         self._last = {**state["last"], "grad_norm": None if norm is None else norm.to(self.device)}
         self.first_loss = state["first_loss"]
@@ -145,8 +156,18 @@ class MetricsProcessor:
     def should_log(self, step: int, last_step: int) -> bool:
         return (step + 1) % self.log_interval == 0 or step == last_step or step == 0
 
-    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor | None, lr: float) -> None:
+    def record(
+        self,
+        step: int,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor | None,
+        lr: float,
+        moe: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """`moe`: the step's MoE router losses by Megatron's name (harness.model.moe.Routing.metrics)."""
         self._losses.append(loss.detach())
+        for name, value in (moe or {}).items():
+            self._moe.setdefault(name, []).append(value.detach())
         self._last = {"step": step, "grad_norm": None if grad_norm is None else grad_norm.detach(), "lr": lr}
 
     def row(self, step: int) -> dict:
@@ -166,6 +187,9 @@ class MetricsProcessor:
             GRAD_NORM: float(norm.item()) if norm is not None else None,
             STEP_MS: ms,
         }
+        for name, values in self._moe.items():  # their mean since the last row, as loss/train's
+            row[f"{MOE}/{name}"] = torch.stack(values).float().mean().item()
+        self._moe.clear()
         if ms:
             tps = self.tokens_per_step / (ms / 1e3)
             tflops = tps * self.flops_per_token / 1e12 / self.dist.world  # per GPU, as the peak is

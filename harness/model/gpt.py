@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from harness.config.schema import ModelConfig
 from harness.model.loss import chunked_linear_cross_entropy, loss_fn
+from harness.model.moe import MoE, inactive_params, moe_layer_pattern
 from harness.numerics import fast
 
 
@@ -27,6 +28,10 @@ class Ops(Protocol):
     """What a backend provides to build the quantizable parts of the model."""
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module: ...
+
+    def grouped_linear(self, name: str, num_gemms: int, in_features: int, out_features: int) -> nn.Module:
+        """MoE experts' linears (harness.model.moe.ExpertOps)."""
+        ...
 
     def activation(self, name: str, kind: str) -> nn.Module: ...
 
@@ -207,9 +212,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops, prefix: str):
+    def __init__(self, cfg: ModelConfig, ops: Ops, prefix: str, ffn_hidden_size: int | None = None):
+        """`ffn_hidden_size`: the width, if not model.ffn_hidden_size (an MoE layer's shared expert)."""
         super().__init__()
-        h, f = cfg.hidden_size, cfg.ffn_hidden_size
+        h, f = cfg.hidden_size, ffn_hidden_size or cfg.ffn_hidden_size
         gated = cfg.activation == "swiglu"
         # SwiGLU: one fused fc1 producing both the gate and the value (Megatron's layout)
         self.fc1 = ops.linear(f"{prefix}.fc1", h, 2 * f if gated else f, cfg.add_bias_linear)
@@ -227,12 +233,21 @@ class Block(nn.Module):
         self.ln1 = ops.norm(f"{prefix}.ln1", cfg)
         self.attn = Attention(cfg, ops, f"{prefix}.attn")
         self.ln2 = ops.norm(f"{prefix}.ln2", cfg)
-        self.mlp = MLP(cfg, ops, f"{prefix}.mlp")
+        self.mlp = block_mlp(cfg, ops, f"{prefix}.mlp", moe_layer_pattern(cfg)[index] == 1)
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
         # the residual stream holds bf16 values, as in TE's bf16 TransformerLayer
         x = residual_add(x, self.attn(self.ln1(x), rope))
         return residual_add(x, self.mlp(self.ln2(x)))
+
+
+def block_mlp(cfg: ModelConfig, ops: Ops, prefix: str, moe: bool) -> nn.Module:
+    """The block's dense MLP, or its MoE layer (with its shared expert, a dense MLP, if it has one)."""
+    if not moe:
+        return MLP(cfg, ops, prefix)
+    shared_size = cfg.moe_shared_expert_intermediate_size
+    shared = MLP(cfg, ops, f"{prefix}.shared_experts", shared_size) if shared_size else None
+    return MoE(cfg, ops, prefix, shared)
 
 
 class GPT(nn.Module):
@@ -267,7 +282,8 @@ class GPT(nn.Module):
                 continue
             if name.startswith("blocks.") and not _is_plain_block_param(name):
                 continue  # a backend's own blocks (TE) keep their initialisation
-            is_out = name.endswith(("attn.proj.weight", "mlp.fc2.weight"))
+            # routed and shared experts' fc2 too (Megatron's output_layer_init_method)
+            is_out = name.endswith(("attn.proj.weight", "mlp.fc2.weight", "experts.fc2.weight"))
             nn.init.normal_(p, mean=0.0, std=out_std if is_out else std)
         for m in self.modules():
             if isinstance(m, nn.Linear) and m.bias is not None:
@@ -298,22 +314,32 @@ class GPT(nn.Module):
 
 
 def _is_plain_block_param(name: str) -> bool:
-    return any(part in name for part in (".attn.qkv.", ".attn.proj.", ".mlp.fc1.", ".mlp.fc2."))
+    plain = (".attn.qkv.", ".attn.proj.", ".mlp.fc1.", ".mlp.fc2.", ".mlp.router.", ".mlp.experts.")
+    return any(part in name for part in plain) or ".mlp.shared_experts" in name
 
 
 def count_params(model: nn.Module) -> dict[str, int]:
-    """Parameter counts; `non_embedding` is N of the 6*N*tokens FLOP count (anchors.md)."""
+    """Parameter counts; `active_non_embedding` is N of the 6*N*tokens FLOP count (anchors.md):
+    `non_embedding` less the routed experts a token does not use (each MoE layer's E - k)."""
     total = sum(p.numel() for p in model.parameters())
     # a tied embedding is also the LM head, whose GEMM is in 6*N: only an untied one is left out
     cfg = getattr(model, "cfg", None)
     tied = cfg is not None and not cfg.untie_embeddings_and_output_weights
     skip = ("wpe.",) if tied else ("wte.", "wpe.")
     emb = sum(p.numel() for n, p in model.named_parameters() if n.startswith(skip))
-    return {"total": total, "non_embedding": total - emb}
+    non_embedding = total - emb
+    return {
+        "total": total,
+        "non_embedding": non_embedding,
+        "active_non_embedding": non_embedding - inactive_params(model),
+    }
 
 
 def flops_per_token(cfg: ModelConfig, non_embedding_params: int) -> float:
     """Model FLOPs per token: 6*N + causal attention 6*L*h*seq (anchors.md's count), h the width of
-    the attention (heads x head size: the model width unless kv_channels says otherwise)."""
+    the attention (heads x head size: the model width unless kv_channels says otherwise). For an MoE
+    model N is the parameters a token uses (count_params' active_non_embedding): its top-k routed
+    experts, the shared expert and the router, as Megatron's num_floating_point_operations counts
+    the top-k and shared experts (which leaves out the router's h x E GEMM and the norms, in lowp's 6N)."""
     heads, _, head_dim = head_dims(cfg)
     return 6 * non_embedding_params + 6 * cfg.num_layers * heads * head_dim * cfg.seq_length

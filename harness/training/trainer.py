@@ -32,6 +32,7 @@ from harness.lifecycle.loggers import NullLogger
 from harness.lifecycle.memory import SavedTensors, breakdown
 from harness.lifecycle.signals import StopRequest
 from harness.model.gpt import count_params, flops_per_token
+from harness.model.moe import Routing
 from harness.numerics import telemetry as T
 from harness.optim import clip_grad, lr_at, set_lr
 from harness.parallel import process as D
@@ -111,6 +112,7 @@ class Trainer:
         self.stop = stop or StopRequest()  # set by a signal: checkpoint and stop at the step boundary
         self.start_step = 0
         self.saved_bytes: int | None = None  # autograd's saved-for-backward bytes, counted on one step
+        self.experts_saved_bytes: int | None = None  # of those, inside an MoE model's routed experts
         self.checkpoint_interval = checkpoint_interval(cfg)
         self.divergence = DivergenceMonitor(cfg.divergence)
         self.writer = writer if writer is not None else NullWriter()
@@ -128,10 +130,11 @@ class Trainer:
         self.parallel = parallelize(self.model, self.backend, cfg.parallel, self.dist)
         self.optimizer = self.parallel.build_optimizer(self.model, cfg.optimizer)
         self.backend.prepare(self.model, self.optimizer)
+        self.moe = Routing(self.model)  # MoE layers' router losses and expert biases (none: dense)
         self.accum = cfg.global_batch_size // (cfg.micro_batch_size * self.dist.world)
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
         n = count_params(self.model)
-        self.flops_per_token = flops_per_token(cfg.model, n["non_embedding"])
+        self.flops_per_token = flops_per_token(cfg.model, n["active_non_embedding"])
         self.params = n
         self.batches = self.data.train_batches(
             cfg.micro_batch_size, seed=cfg.seed, rank=self.dist.rank, world=self.dist.world
@@ -174,7 +177,8 @@ class Trainer:
             x, y = self._next_batch()
             with ExitStack() as stack:
                 if self.saved_bytes is None and micro == 0:  # the summary's memory: counted once
-                    counter = stack.enter_context(SavedTensors(self.model.parameters()).counting())
+                    saved = SavedTensors(self.model.parameters(), inside=self.moe.experts)
+                    counter = stack.enter_context(saved.counting())
                 rows = (
                     stack.enter_context(self.backend.collect_telemetry())
                     if telemetry and micro == 0
@@ -182,14 +186,16 @@ class Trainer:
                 )
                 with self.backend.autocast():
                     loss = self.model.loss(x, y) / scale
-                loss.backward()
+                    router_loss = self.moe.take_losses(self.accum)  # MoE: in the objective, not the loss
+                (loss if router_loss is None else loss + router_loss / scale).backward()
             if self.saved_bytes is None:
-                self.saved_bytes = counter.bytes
+                self.saved_bytes, self.experts_saved_bytes = counter.bytes, counter.inside
             if rows:
                 self._log_telemetry(step, rows)
             total += loss.detach()
         self.backend.microbatch(None, self.accum)
         self.parallel.reduce_gradients(self.optimizer)  # DDP: one SUM over the ranks per step
+        self.moe.finish_step(self.dist.sum_, self.dist.world)  # MoE: Megatron's finalize_model_grads
         self.dist.sum_([total])  # the global batch's mean loss on every rank
         if self.dist.fsdp:
             total /= self.dist.world
@@ -289,7 +295,7 @@ class Trainer:
             except FloatingPointError as exc:  # e.g. FP8 optimizer states poisoned by an all-zero moment
                 return self._diverged(summary, step, str(exc))
             self.metrics.timer.stop(step)
-            self.metrics.record(step, loss, grad_norm, lr)
+            self.metrics.record(step, loss, grad_norm, lr, self.moe.metrics)
             summary.steps, summary.tokens = step + 1, (step + 1) * self.tokens_per_step
             if step in (0, cfg.steps - 1):  # TE: the recipe really ran; delayed scales really moved
                 self.backend.verify_active(self.model, step)
@@ -378,6 +384,8 @@ class Trainer:
             self.optimizer,
             peak_bytes=peak,
             saved_bytes=self.saved_bytes,
+            experts=self.moe.experts,
+            experts_saved_bytes=self.experts_saved_bytes,
         )  # this rank's (rank 0)
         summary.peak_mem_gib = peak / 2**30 if peak is not None else None
         summary.world_size = self.dist.world

@@ -12,6 +12,7 @@ from harness.backends.te_options import option_errors
 from harness.config import schema
 from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
 from harness.model.plan import OVERRIDE_FIELDS
+from harness.validation.moe_rules import moe_errors, moe_name_errors
 
 NAMES = {
     "recipe.name": recipes.names(),
@@ -131,7 +132,7 @@ def name_errors(cfg: Config) -> list[str]:
         _unknown(key, _get(cfg, key), allowed)
         for key, allowed in NAMES.items()
         if _get(cfg, key) not in allowed
-    ]
+    ] + moe_name_errors(cfg.model)
 
 
 def _unknown(key: str, value, allowed: tuple) -> str:
@@ -279,7 +280,7 @@ def _size_errors(cfg: Config) -> list[str]:
 
 
 def _shape_errors(cfg: Config) -> list[str]:
-    errs = _attention_errors(cfg.model)
+    errs = _attention_errors(cfg.model) + moe_errors(cfg)
     if cfg.steps < 1:
         errs.append(f"steps={cfg.steps}: must be >= 1")
     return errs

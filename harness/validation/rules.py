@@ -17,6 +17,7 @@ from harness.config.schema import Config
 from harness.validation.keys import check_known_keys, run_errors  # noqa: F401 - re-exported
 from harness.validation.legality import legality_errors, name_errors, uses_te
 from harness.validation.megatron_rules import reference_errors
+from harness.validation.moe_rules import moe_export_errors, moe_warnings
 from harness.validation.support import support_errors
 
 
@@ -46,7 +47,7 @@ def recommendations(cfg: Config) -> list[str]:
             f"recipe={r.name} without stability.first_last_layers_bf16: the guide advises BF16 "
             "first/last layers for FP4 (NVFP4 diverges if every linear layer is FP4)"
         )
-    out += option_warnings(r, m, cfg.backend, uses_te(cfg))
+    out += option_warnings(r, m, cfg.backend, uses_te(cfg)) + moe_warnings(cfg)
     if not s.fp8_wgrad and uses_te(cfg):
         out.append(
             "stability.fp8_wgrad=false on backend=te maps to TE's high-precision backward, which "
@@ -68,8 +69,7 @@ def validate(cfg: Config, *, for_export: bool = False) -> list[str]:
         errs += run_errors(cfg)  # out-of-range numbers before the rules that compare them
     if not name_errors(cfg):  # the reference rules ask the registry about the names
         errs += reference_errors(cfg)  # then what Megatron-LM and TE refuse
-    if not for_export:
-        errs += support_errors(cfg)
+    errs += moe_export_errors(cfg) if for_export else support_errors(cfg)
     if errs:
         raise ConfigError(errs[0])
     notes = recommendations(cfg)

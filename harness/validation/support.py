@@ -6,6 +6,7 @@ from __future__ import annotations
 from harness import recipes
 from harness.config.schema import Config
 from harness.validation.legality import uses_te, world_size
+from harness.validation.moe_rules import moe_support_errors
 
 
 def support_errors(cfg: Config) -> list[str]:
@@ -29,7 +30,7 @@ def support_errors(cfg: Config) -> list[str]:
             "the real ones in TE FusedAdam's master weights: set optimizer.master_weights=true and "
             "optimizer.optimizer_cpu_offload=false"
         )
-    return errs + _in_backward_errors(cfg) + parallel_errors(cfg)
+    return errs + moe_support_errors(cfg, te) + _in_backward_errors(cfg) + parallel_errors(cfg)
 
 
 def _in_backward_errors(cfg: Config) -> list[str]:

@@ -1,0 +1,221 @@
+"""The mixture-of-experts MLP: Megatron Core's MoELayer with its TopKRouter, the allgather token
+dispatcher (one rank holds every expert: no expert parallelism), grouped experts and the shared
+expert, in place of a block's dense MLP where `moe_layer_pattern` says so.
+
+    blocks.3.mlp                  MoE
+    blocks.3.mlp.router           weight (E, h); buffer expert_bias (E,) with the aux-loss-free balancing
+    blocks.3.mlp.experts.fc1      a grouped linear: weight (E, 2F or F, h), one GEMM per expert
+    blocks.3.mlp.experts.fc2      a grouped linear: weight (E, h, F)
+    blocks.3.mlp.shared_experts   the dense MLP every token also takes (fc1, fc2), optional
+    blocks.3.mlp.shared_experts_gate   (1, h): Qwen2-MoE's sigmoid gate on it, optional
+
+Forward (megatron/core/transformer/moe/{moe_layer,router,token_dispatcher,experts}.py, d98e8a6):
+shared expert; router logits (routing.RouterGating) -> z-loss -> top-k probs and map -> capacity
+dropping -> load-balancing loss -> the expert bias's token counts; tokens permuted into
+contiguous per-expert rows, each expert's fc1 -> activation -> x its routing probability -> fc2,
+unpermuted (the k outputs of a token summed), plus the shared expert. The router's losses are not
+part of the LM loss: `Routing.take_losses` hands them to the trainer, which adds them to the
+training objective as Megatron's MoEAuxLossAutoScaler does (the gradient of each is the LM
+loss's scale) and logs them beside loss/train.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn as nn
+
+from harness.config.schema import ModelConfig
+from harness.model import routing as R
+
+BF16 = torch.bfloat16
+
+
+class ExpertOps(Protocol):
+    """What a backend provides for the routed experts (the rest of harness.model.gpt.Ops)."""
+
+    def grouped_linear(self, name: str, num_gemms: int, in_features: int, out_features: int) -> nn.Module:
+        """A group of `num_gemms` bias-free linears: `forward(x (M, in), m_splits) -> (M, out)`,
+        GEMM i on the m_splits[i] rows that follow GEMM i-1's (TE's GroupedLinear)."""
+        ...
+
+    def activation(self, name: str, kind: str) -> nn.Module: ...
+
+
+def moe_layer_pattern(cfg: ModelConfig) -> list[int]:
+    """1 for each MoE block, 0 for each dense one (Megatron's moe_layer_freq: an int N makes every
+    N-th block from the first an MoE block, a list is the pattern itself); all 0 without experts."""
+    if cfg.num_moe_experts is None:
+        return [0] * cfg.num_layers
+    freq = cfg.moe_layer_freq
+    if isinstance(freq, int):
+        return [1 if i % freq == 0 else 0 for i in range(cfg.num_layers)]
+    return [int(v) for v in freq]
+
+
+class Router(nn.Module):
+    """Megatron's TopKRouter: the gating GEMM in model.moe_router_dtype, then routing.py's steps.
+    `expert_bias` (fp32, saved with the model) and the token counts it is updated from
+    (`local_tokens_per_expert`, counted in training forwards, zeroed by each update) exist only
+    with model.moe_router_enable_expert_bias."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.num_moe_experts, cfg.hidden_size))
+        nn.init.normal_(self.weight, std=cfg.init_method_std)
+        with_bias = cfg.moe_router_enable_expert_bias
+        self.register_buffer("expert_bias", torch.zeros(cfg.num_moe_experts) if with_bias else None)
+        counts = torch.zeros(cfg.num_moe_experts) if with_bias else None
+        self.register_buffer("local_tokens_per_expert", counts, persistent=False)
+
+    def forward(self, tokens: torch.Tensor, seq_length: int):
+        """tokens (T, h) in [s, b] order -> (probs (T, E), routing_map (T, E), losses): `losses` maps
+        Megatron's metric name to (the term added to the objective, the logged value = term / coeff);
+        computed only with autograd on (training), as Megatron does."""
+        c = self.cfg
+        logits = R.RouterGating.apply(tokens, self.weight, R.ROUTER_DTYPES[c.moe_router_dtype])  # (T, E)
+        training = self.training and torch.is_grad_enabled()
+        losses: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if c.moe_z_loss_coeff is not None and training:
+            losses["z_loss"] = _logged(R.z_loss(logits, c.moe_z_loss_coeff), c.moe_z_loss_coeff)
+        probs, routing_map = R.topk_routing(
+            logits,
+            c.moe_router_topk,
+            score_function=c.moe_router_score_function,
+            pre_softmax=c.moe_router_pre_softmax,
+            scaling_factor=c.moe_router_topk_scaling_factor,
+            expert_bias=self.expert_bias,
+        )
+        if c.moe_expert_capacity_factor is not None:
+            probs, routing_map = R.drop_tokens(
+                probs, routing_map, c.moe_router_topk, c.moe_expert_capacity_factor
+            )
+        coeff, kind = c.moe_aux_loss_coeff, c.moe_router_load_balancing_type
+        if training and coeff > 0 and kind in R.LOSS_NAMES:
+            aux_map, scores = R.aux_loss_scores(logits, c.moe_router_topk, c.moe_router_score_function)
+            if kind == "aux_loss":
+                loss = R.aux_loss(scores, aux_map, c.moe_router_topk, coeff)
+            else:
+                loss = R.seq_aux_loss(scores, aux_map, seq_length, c.moe_router_topk, coeff)
+            losses[R.LOSS_NAMES[kind]] = _logged(loss, coeff)
+        if self.expert_bias is not None and torch.is_grad_enabled():  # not in evaluation
+            with torch.no_grad():
+                self.local_tokens_per_expert += routing_map.sum(dim=0)
+        return probs, routing_map, losses
+
+
+def _logged(term: torch.Tensor, coeff: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return term, term.detach().float() / coeff
+
+
+class Experts(nn.Module):
+    """The routed experts (Megatron's TEGroupedMLP): fc1 and fc2 are grouped linears of the backend
+    (`ExpertOps.grouped_linear`), so that each expert's GEMM is one call a recipe can quantize on
+    its own; the activation runs on all permuted rows at once, then each row is weighted by its
+    routing probability before fc2 (Megatron applies the probabilities inside the experts)."""
+
+    def __init__(self, cfg: ModelConfig, ops: ExpertOps, prefix: str):
+        super().__init__()
+        E, h, f = cfg.num_moe_experts, cfg.hidden_size, cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size
+        self.num_experts, self.ffn_hidden_size = E, f
+        gated = cfg.activation == "swiglu"
+        self.fc1 = ops.grouped_linear(f"{prefix}.fc1", E, h, 2 * f if gated else f)
+        self.act = ops.activation(f"{prefix}.act", cfg.activation)
+        self.fc2 = ops.grouped_linear(f"{prefix}.fc2", E, f, h)
+
+    def forward(self, x: torch.Tensor, m_splits: list[int], probs: torch.Tensor) -> torch.Tensor:
+        hidden = self.act(self.fc1(x, m_splits))  # (M, F)
+        hidden = (hidden * probs.unsqueeze(-1)).to(hidden.dtype)
+        return self.fc2(hidden, m_splits)  # (M, h)
+
+
+class MoE(nn.Module):
+    """An MoE block's MLP; `shared_experts` is the dense MLP the caller built for it (or None)."""
+
+    def __init__(
+        self, cfg: ModelConfig, ops: ExpertOps, prefix: str, shared_experts: nn.Module | None = None
+    ):
+        super().__init__()
+        self.topk = cfg.moe_router_topk
+        self.router = Router(cfg)
+        self.experts = Experts(cfg, ops, f"{prefix}.experts")
+        self.shared_experts = shared_experts
+        self.shared_experts_gate = None
+        if shared_experts is not None and cfg.moe_shared_expert_gate:
+            self.shared_experts_gate = nn.Parameter(torch.empty(1, cfg.hidden_size))
+            nn.init.normal_(self.shared_experts_gate, std=cfg.init_method_std)
+        self.losses: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        """The router's losses of the last forward with autograd on, until `Routing` takes them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        x16 = x.to(BF16)  # Megatron's bf16 activations: the gradients of its consumers add in bf16
+        shared = self._shared(x16) if self.shared_experts is not None else None  # first, as Megatron
+        tokens = x16.transpose(0, 1).reshape(T * B, C)  # (T*B, C): Megatron's [s, b] token order
+        probs, routing_map, self.losses = self.router(tokens, T)
+        permuted, order = R.permute(tokens, routing_map)  # (M, C), M = sum of the map
+        m_splits = routing_map.sum(dim=0).tolist()  # tokens per expert (a host sync, as Megatron's)
+        out = self.experts(permuted, m_splits, R.permute_probs(probs, routing_map))
+        y = R.unpermute(out, order, T * B).view(T, B, C).transpose(0, 1)  # (B, T, C)
+        return y if shared is None else y + shared
+
+    def _shared(self, x16: torch.Tensor) -> torch.Tensor:
+        out = self.shared_experts(x16)
+        if self.shared_experts_gate is None:
+            return out
+        gate = R.RouterGating.apply(x16, self.shared_experts_gate, BF16)  # F.linear on bf16, as Megatron
+        return out * torch.sigmoid(gate)
+
+    def inactive_params(self) -> int:
+        """Parameters a token does not use: the routed experts beyond its top-k."""
+        per_expert = sum(p.numel() for p in self.experts.parameters()) // self.experts.num_experts
+        return (self.experts.num_experts - self.topk) * per_expert
+
+
+class Routing:
+    """The training loop's handle on a model's MoE layers (none for a dense model: then every
+    method is a no-op). Per micro-batch `take_losses` returns the objective's router term; per
+    step `finish_step` updates the expert biases (Megatron's finalize_model_grads) and averages
+    the logged losses; `metrics` holds them, by Megatron's names."""
+
+    def __init__(self, model: nn.Module):
+        self.layers = [m for m in model.modules() if isinstance(m, MoE)]
+        self.experts = [layer.experts for layer in self.layers]
+        self.metrics: dict[str, torch.Tensor] = {}
+        self._pending: dict[str, torch.Tensor] = {}
+
+    def take_losses(self, accum: int) -> torch.Tensor | None:
+        """The sum of the router losses of the forward just run (None where there are none); their
+        logged values, averaged over the MoE layers and the `accum` micro-batches, are kept."""
+        terms = []
+        for layer in self.layers:
+            for name, (term, logged) in layer.losses.items():
+                terms.append(term)
+                share = logged / (len(self.layers) * accum)
+                self._pending[name] = self._pending[name] + share if name in self._pending else share
+            layer.losses = {}
+        return torch.stack([t.float() for t in terms]).sum() if terms else None
+
+    def finish_step(self, all_reduce_sum, world: int) -> None:
+        """After the step's last backward: expert biases moved by the token counts summed over the
+        ranks, and the logged losses averaged over the ranks into `metrics`."""
+        routers = [layer.router for layer in self.layers if layer.router.expert_bias is not None]
+        if routers:
+            counts = torch.stack([r.local_tokens_per_expert for r in routers])  # (layers, E)
+            all_reduce_sum([counts])
+            rate = routers[0].cfg.moe_router_bias_update_rate
+            biases = R.updated_expert_bias(counts, torch.stack([r.expert_bias for r in routers]), rate)
+            for r, bias in zip(routers, biases):
+                r.expert_bias.copy_(bias)
+                r.local_tokens_per_expert.zero_()
+        pending, self._pending = self._pending, {}
+        if pending:
+            all_reduce_sum(list(pending.values()))
+        self.metrics = {name: value / world for name, value in pending.items()}
+
+
+def inactive_params(model: nn.Module) -> int:
+    """Parameters of `model` that no token uses (FLOPs count the active ones only)."""
+    return sum(m.inactive_params() for m in model.modules() if isinstance(m, MoE))
