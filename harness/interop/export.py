@@ -75,6 +75,11 @@ def hf_config(m: ModelConfig, run_dir: Path):
     """The transformers config of the run's architecture (refused if transformers has none)."""
     import transformers
 
+    if m.num_moe_experts:
+        raise ExportError(
+            f"{run_dir}: model {m.name} is a mixture of experts (model.num_moe_experts={m.num_moe_experts}); "
+            "the Hugging Face export writes dense models only so far"
+        )
     if (m.normalization, m.activation, m.position_embedding) != ("RMSNorm", "swiglu", "rope"):
         raise ExportError(
             f"{run_dir}: model {m.name} is {m.normalization}/{m.activation}/{m.position_embedding}; "
