@@ -65,8 +65,13 @@ def test_legacy_rope_fields(tmp_path):
 
 
 REFUSED = [
-    ("Qwen3MoeConfig", {}, "model_type='qwen3_moe' is not supported (mixture-of-experts"),
-    ("MixtralConfig", {}, "model_type='mixtral' is not supported"),
+    (
+        "DeepseekV3Config",
+        {},
+        "kv_lora_rank (DeepSeek's multi-head latent attention, model_type='deepseek",
+    ),
+    ("MixtralConfig", {"router_jitter_noise": 0.1}, "router_jitter_noise=0.1; lowp's router has no input"),
+    ("LlamaConfig", {"num_experts": 4}, "num_experts is a mixture-of-experts field in a model_type='llama'"),
     ("MistralConfig", {"sliding_window": 4096}, "sliding_window=4096: sliding-window attention"),
     ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 64}, "sliding_window=64: sliding"),
     ("LlamaConfig", {"hidden_act": "gelu"}, "hidden_act='gelu'"),

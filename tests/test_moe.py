@@ -466,14 +466,3 @@ def test_moe_ffn_size_without_experts_and_the_megatron_export_are_refused(moe_co
     assert "moe_ffn_hidden_size=32 without model.num_moe_experts" in _one_line_error(dense)
     with pytest.raises(ConfigError, match="harness.megatron does not export MoE models yet"):
         prepare(dataclasses.replace(moe_config), for_export=True)
-
-
-def test_the_hugging_face_export_refuses_an_moe_run_instead_of_writing_a_dense_one(tmp_path, capsys):
-    from harness.interop import export
-
-    cfg = compose_cfg("model=qwen3_moe_tiny")
-    (tmp_path / "run.json").write_text(json.dumps({"config": {"model": dataclasses.asdict(cfg.model)}}))
-    assert export.main([str(tmp_path), "--out", str(tmp_path / "hf")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and "model.num_moe_experts=" in err and err.count("\n") == 1, err
-    assert not (tmp_path / "hf").exists()

@@ -4,7 +4,11 @@
 
 The model config comes from RUN_DIR/run.json, the weights from its checkpoint (either backend's
 parameter names). The architecture must be one transformers has: RMSNorm + SwiGLU + RoPE, written
-as `LlamaForCausalLM`, `Qwen2ForCausalLM` (QKV-only bias) or `Qwen3ForCausalLM` (QK norm).
+as `LlamaForCausalLM`, `Qwen2ForCausalLM` (QKV-only bias) or `Qwen3ForCausalLM` (QK norm); a
+mixture of experts as `Qwen3MoeForCausalLM` (QK norm), `Qwen2MoeForCausalLM` (a gated shared
+expert) or `MixtralForCausalLM` (neither), experts per expert as released checkpoints hold them
+(harness.interop.hf_weights). Routing transformers does not compute (sigmoid scores, an expert
+bias, a top-k scaling factor, token dropping) is refused.
 
 - `hf`: every tensor in BF16 (lowp's fp32 masters rounded, as TE's bf16 weights hold them).
 - `hf-fp8`: each block linear's weight as E4M3 codes plus a float32 `weight_scale_inv` per 128x128
@@ -18,7 +22,9 @@ as `LlamaForCausalLM`, `Qwen2ForCausalLM` (QKV-only bias) or `Qwen3ForCausalLM` 
   of `group_size` inputs) and `weight_shape`; symmetric, no zero point. Codes and scales are lowp's
   INT4 fake-quant (harness.numerics.int4, values in [-7, 7]); float32 scales keep the dequantized
   bf16(q * s) equal to lowp's W_hat bit for bit.
-Embeddings, norms and the LM head stay BF16 in every format (as in miles' converters).
+Embeddings, norms, the LM head, the MoE router and Qwen2-MoE's shared-expert gate stay BF16 in every
+format (as in miles' converters); each routed expert's matrices are quantized on their own, like
+any linear (FP8: 128x128 tiles of that expert's matrix; INT4: groups along its rows).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -36,7 +43,9 @@ from harness.config.schema import ModelConfig
 from harness.interop.hf_weights import lowp_to_hf
 
 FORMATS = ("hf", "hf-fp8", "hf-int4")
-QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+# linears left in BF16 besides lm_head: the MoE routers and Qwen2-MoE's shared-expert gate
+ROUTERS = ("mlp.gate", "block_sparse_moe.gate", "shared_expert_gate")
 FP8_BLOCK = 128
 
 
@@ -75,11 +84,6 @@ def hf_config(m: ModelConfig, run_dir: Path):
     """The transformers config of the run's architecture (refused if transformers has none)."""
     import transformers
 
-    if m.num_moe_experts:
-        raise ExportError(
-            f"{run_dir}: model {m.name} is a mixture of experts (model.num_moe_experts={m.num_moe_experts}); "
-            "the Hugging Face export writes dense models only so far"
-        )
     if (m.normalization, m.activation, m.position_embedding) != ("RMSNorm", "swiglu", "rope"):
         raise ExportError(
             f"{run_dir}: model {m.name} is {m.normalization}/{m.activation}/{m.position_embedding}; "
@@ -109,6 +113,8 @@ def hf_config(m: ModelConfig, run_dir: Path):
             "high_freq_factor": m.rope_high_freq_factor,
             "original_max_position_embeddings": m.rope_original_max_position_embeddings,
         }
+    if m.num_moe_experts:
+        return moe_config(m, kw, run_dir)
     if m.add_qkv_bias and not m.add_bias_linear:
         if m.qk_layernorm:
             raise ExportError(f"{run_dir}: QKV-only bias with QK norm has no transformers architecture")
@@ -117,6 +123,58 @@ def hf_config(m: ModelConfig, run_dir: Path):
         return transformers.Qwen3Config(**kw, attention_bias=m.add_bias_linear), "Qwen3ForCausalLM"
     bias = m.add_bias_linear
     return transformers.LlamaConfig(**kw, attention_bias=bias, mlp_bias=bias), "LlamaForCausalLM"
+
+
+def moe_config(m: ModelConfig, kw: dict, run_dir: Path):
+    """Qwen3-MoE (QK norm), Qwen2-MoE (gated shared expert) or Mixtral: the inverse of
+    harness.interop.hf_config.moe_fields; refused where transformers would route otherwise."""
+    import transformers
+
+    from harness.model.moe import moe_layer_pattern
+
+    def refuse(why: str):
+        raise ExportError(f"{run_dir}: model {m.name}: {why}; transformers has no such mixture of experts")
+
+    routing = {
+        "moe_router_score_function": m.moe_router_score_function != "softmax",
+        "moe_router_enable_expert_bias": m.moe_router_enable_expert_bias,
+        "moe_router_topk_scaling_factor": m.moe_router_topk_scaling_factor not in (None, 1.0),
+        "moe_expert_capacity_factor": m.moe_expert_capacity_factor is not None,
+        "add_bias_linear": m.add_bias_linear,
+    }
+    for field, differs in routing.items():
+        if differs:
+            refuse(f"model.{field}={getattr(m, field)}")
+    pattern = moe_layer_pattern(m)
+    width = m.moe_ffn_hidden_size or m.ffn_hidden_size
+    moe = dict(
+        num_experts=m.num_moe_experts,
+        num_experts_per_tok=m.moe_router_topk,
+        router_aux_loss_coef=m.moe_aux_loss_coeff,
+    )
+    qwen = dict(
+        moe_intermediate_size=width,
+        norm_topk_prob=not m.moe_router_pre_softmax,
+        decoder_sparse_step=1,
+        mlp_only_layers=[i for i, sparse in enumerate(pattern) if not sparse],
+    )
+    shared = m.moe_shared_expert_intermediate_size
+    if m.qk_layernorm:
+        if shared or m.add_qkv_bias:
+            refuse("QK norm with a shared expert or a QKV-only bias")
+        return transformers.Qwen3MoeConfig(**kw, **moe, **qwen), "Qwen3MoeForCausalLM"
+    if shared:
+        if not m.moe_shared_expert_gate:
+            refuse("a shared expert without model.moe_shared_expert_gate (Qwen2-MoE's is gated)")
+        qwen |= dict(shared_expert_intermediate_size=shared, qkv_bias=m.add_qkv_bias)
+        return transformers.Qwen2MoeConfig(**kw, **moe, **qwen), "Qwen2MoeForCausalLM"
+    if m.add_qkv_bias or m.moe_router_pre_softmax or not all(pattern) or width != m.ffn_hidden_size:
+        refuse(
+            "without QK norm or a shared expert it is written as Mixtral, which has no QKV-only bias, "
+            "renormalises the top-k probabilities (moe_router_pre_softmax=false), makes every layer sparse "
+            "and sizes its experts by ffn_hidden_size"
+        )
+    return transformers.MixtralConfig(**kw, **moe), "MixtralForCausalLM"
 
 
 # ---- quantized layouts -----------------------------------------------------------------------------
@@ -190,14 +248,17 @@ def quantize_state(hf_sd: dict, fmt: str, power_2: bool, group: int) -> dict[str
     return out
 
 
-def quantization_config(fmt: str, group: int) -> dict | None:
+def quantization_config(fmt: str, group: int, moe: bool = False) -> dict | None:
+    """transformers' quantization_config of the format; an MoE model's routers and shared-expert
+    gates (linears in transformers 4, which its quantizers would otherwise convert) stay BF16."""
+    keep = ROUTERS if moe else ()
     if fmt == "hf-fp8":
         return {
             "quant_method": "fp8",
             "fmt": "e4m3",
             "activation_scheme": "dynamic",
             "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
-            "modules_to_not_convert": ["lm_head"],
+            "modules_to_not_convert": ["lm_head", *keep],
         }
     if fmt == "hf-int4":
         weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
@@ -214,7 +275,7 @@ def quantization_config(fmt: str, group: int) -> dict | None:
                     "output_activations": None,
                 }
             },
-            "ignore": ["lm_head"],
+            "ignore": ["lm_head", *(f"re:.*{re.escape(r)}$" for r in keep)],
         }
     return None
 
@@ -236,7 +297,7 @@ def export(
     sd = lowp_to_hf(run_weights(rd), m)
     tensors = quantize_state(sd, fmt, power_2, group)
     hf_cfg.architectures = [arch]
-    qc = quantization_config(fmt, group)
+    qc = quantization_config(fmt, group, moe=bool(m.num_moe_experts))
     if qc is not None:
         hf_cfg.quantization_config = qc
     os.makedirs(out, exist_ok=True)

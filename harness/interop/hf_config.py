@@ -1,4 +1,5 @@
-"""A Hugging Face `config.json` (Llama, Mistral, Qwen2, Qwen3 style) as lowp ModelConfig fields.
+"""A Hugging Face `config.json` (Llama, Mistral, Qwen2, Qwen3 style, and the mixture-of-experts
+Qwen2-MoE, Qwen3-MoE and Mixtral) as lowp ModelConfig fields.
 
     model=hf model.hf_config=/path/to/config.json (or the model directory holding it)
 
@@ -6,10 +7,32 @@
 num_layers}`), so a command-line override of any of them still wins. Each field of the JSON is
 mapped, known to change nothing lowp computes (token ids, generation and serving settings), or
 refused in one line: lowp never trains a different model than the config describes. Refused:
-mixture-of-experts, sliding-window attention, RoPE scaling other than Llama 3.1's (rope_type
-llama3: factor, low/high_freq_factor, original_max_position_embeddings), activations
-other than SiLU (SwiGLU), attention bias on the output projection without MLP bias (Megatron has no
-flag for it), dropout, and fields this module does not know.
+MoE families lowp does not implement (DeepSeek's multi-head latent attention, ...), sliding-window
+attention, RoPE scaling other than Llama 3.1's (rope_type llama3: factor, low/high_freq_factor,
+original_max_position_embeddings), activations other than SiLU (SwiGLU), attention bias on the
+output projection without MLP bias (Megatron has no flag for it), dropout, and fields this module
+does not know.
+
+Mixture of experts (transformers 5.24's modeling_{qwen2_moe,qwen3_moe,mixtral}.py against Megatron
+Core's router, harness/model/routing.py):
+- num_experts (Qwen) / num_local_experts (Mixtral) -> num_moe_experts; num_experts_per_tok ->
+  moe_router_topk; moe_intermediate_size -> moe_ffn_hidden_size (Mixtral's experts are
+  intermediate_size wide); intermediate_size stays the dense layers' width (mlp_only_layers).
+- Routing: transformers takes the softmax over all experts in fp32, then the top k. With
+  norm_topk_prob (Mixtral: always) it divides the k probabilities by their sum, which is the
+  softmax over the k chosen logits: Megatron's moe_router_pre_softmax=false (top-k, then softmax).
+  Without it the k probabilities are the full softmax's: moe_router_pre_softmax=true.
+- Layers: block i is sparse when i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0;
+  Megatron's integer moe_layer_freq N makes blocks 0, N, 2N, ... sparse instead, so any other pattern
+  is written as the 0/1 list moe_layer_freq takes.
+- Qwen2-MoE's shared expert (shared_expert_intermediate_size wide) and its sigmoid gate
+  (shared_expert_gate, a bias-free (1, h) linear) -> moe_shared_expert_intermediate_size and
+  moe_shared_expert_gate=true.
+- router_aux_loss_coef -> moe_aux_loss_coeff with Megatron's per-layer aux_loss, as Megatron's own
+  converters map it (transformers adds its loss only with output_router_logits, over all layers at once).
+- The router runs in the checkpoint's dtype in transformers (F.linear of the hidden states):
+  moe_router_dtype stays null, the model's bf16, Megatron's default.
+- Mixtral's router_jitter_noise (training-time noise on the router's input) must be 0.
 """
 
 from __future__ import annotations
@@ -20,7 +43,15 @@ import os
 
 from harness.config.errors import ConfigError
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")
+# fields of MoE families lowp does not implement -> what they are (refused first, naming the field)
+FOREIGN_MOE = {
+    "kv_lora_rank": "DeepSeek's multi-head latent attention",
+    "q_lora_rank": "DeepSeek's multi-head latent attention",
+    "n_routed_experts": "DeepSeek-style routed experts (group-limited routing)",
+    "topk_group": "group-limited expert routing",
+}
 
 # Fields that change nothing lowp computes: ids of special tokens, serving and generation settings,
 # bookkeeping written by save_pretrained. (The dtype a checkpoint was saved in is not the recipe.)
@@ -30,6 +61,7 @@ IGNORED = {
     "output_attentions", "return_dict", "chunk_size_feed_forward", "is_encoder_decoder", "id2label",
     "label2id", "problem_type", "tokenizer_class", "task_specific_params", "model_type", "auto_map",
     "_attn_implementation_autoset", "unsloth_fixed", "max_window_layers", "generation_config",
+    "output_router_logits",
 }  # fmt: skip
 # max_window_layers only matters with sliding windows, which are refused
 
@@ -77,6 +109,12 @@ def model_fields(raw: dict, option: str) -> dict:
     """ModelConfig fields for a Llama/Mistral/Qwen2/Qwen3 config dict; ConfigError if lowp would
     compute anything else than the config describes."""
     family = raw.get("model_type")
+    foreign = [k for k in FOREIGN_MOE if k in raw]
+    if foreign:
+        raise ConfigError(
+            f"{option}: {foreign[0]} ({FOREIGN_MOE[foreign[0]]}, model_type={family!r}) is not implemented "
+            f"by lowp; it reads {', '.join(FAMILIES)} configs"
+        )
     if family not in FAMILIES:
         hint = "mixture-of-experts models are not supported" if "moe" in str(family) else ""
         raise ConfigError(
@@ -112,11 +150,70 @@ def model_fields(raw: dict, option: str) -> dict:
         **_rope_fields(raw),
         # absent: transformers' default for all four families is untied
         "untie_embeddings_and_output_weights": not raw.get("tie_word_embeddings", False),
-        "qk_layernorm": family == "qwen3",
+        "qk_layernorm": family in ("qwen3", "qwen3_moe"),
         "add_bias_linear": bias_linear,
         "add_qkv_bias": qkv_bias,
         "layernorm_epsilon": float(raw.get("rms_norm_eps", 1e-6)),
         "init_method_std": float(raw.get("initializer_range", 0.02)),
+        **moe_fields(raw, family, option),
+    }
+
+
+MOE_DEFAULTS = {  # ModelConfig's, so a dense config still gives every field hf.yaml asks for
+    "num_moe_experts": None,
+    "moe_ffn_hidden_size": None,
+    "moe_router_topk": 2,
+    "moe_router_pre_softmax": False,
+    "moe_layer_freq": 1,
+    "moe_shared_expert_intermediate_size": None,
+    "moe_shared_expert_gate": False,
+    "moe_aux_loss_coeff": 0.0,
+}
+
+
+# transformers' defaults of the MoE fields a config may leave out: experts, top-k, expert width
+HF_MOE_DEFAULTS = {"qwen3_moe": (128, 8, 768), "qwen2_moe": (60, 4, 1408), "mixtral": (8, 2, None)}
+
+
+def moe_fields(raw: dict, family: str, option: str) -> dict:
+    """The MoE fields of a Qwen2-MoE / Qwen3-MoE / Mixtral config (the module docstring's map);
+    ModelConfig's defaults for a dense family."""
+    if family not in MOE_FAMILIES:
+        return dict(MOE_DEFAULTS)
+    layers, (experts, topk, width) = raw["num_hidden_layers"], HF_MOE_DEFAULTS[family]
+    # transformers aliases the two names (attribute_map); 5.x writes num_local_experts for all three
+    named = {raw[k] for k in ("num_experts", "num_local_experts") if k in raw}
+    if len(named) > 1:
+        raise ConfigError(
+            f"{option}: num_experts={raw['num_experts']} but num_local_experts="
+            f"{raw['num_local_experts']}; give one"
+        )
+    experts = named.pop() if named else experts
+    if family == "mixtral":
+        renorm = True
+        pattern = [1] * layers
+        if raw.get("router_jitter_noise", 0.0):
+            raise ConfigError(
+                f"{option}: router_jitter_noise={raw['router_jitter_noise']}; lowp's router has no input "
+                "noise: set it to 0"
+            )
+    else:
+        width = raw.get("moe_intermediate_size", width)
+        renorm = bool(raw.get("norm_topk_prob", False))
+        step, dense = int(raw.get("decoder_sparse_step", 1)), set(raw.get("mlp_only_layers") or [])
+        pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(layers)]
+    if experts < 1 or not any(pattern):
+        raise ConfigError(f"{option}: no sparse layer (num_experts={experts}); give a dense config instead")
+    shared = raw.get("shared_expert_intermediate_size", 5632) if family == "qwen2_moe" else None
+    return {
+        "num_moe_experts": int(experts),
+        "moe_ffn_hidden_size": width,
+        "moe_router_topk": int(raw.get("num_experts_per_tok", topk)),
+        "moe_router_pre_softmax": not renorm,
+        "moe_layer_freq": 1 if all(pattern) else pattern,
+        "moe_shared_expert_intermediate_size": shared or None,
+        "moe_shared_expert_gate": bool(shared),
+        "moe_aux_loss_coeff": float(raw.get("router_aux_loss_coef", 0.001)),
     }
 
 
@@ -137,6 +234,15 @@ def _mapped_keys(family: str) -> set[str]:
         "attention_dropout", "attention_bias", "mlp_bias", "pretraining_tp", "sliding_window",
         "use_sliding_window", "layer_types",
     }  # fmt: skip
+    if family in MOE_FAMILIES:
+        keys |= {"num_experts", "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef"}
+        if family == "mixtral":
+            keys |= {"router_jitter_noise"}
+        else:
+            keys |= {"moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step"}
+            keys |= {"mlp_only_layers"}
+        if family == "qwen2_moe":
+            keys |= {"shared_expert_intermediate_size", "qkv_bias"}
     return keys
 
 
@@ -171,13 +277,12 @@ def _rope(raw: dict) -> dict:
 
 
 def _refuse_unsupported(raw: dict, family: str, option: str) -> None:
-    moe = [
-        k
-        for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
-        if k in raw
-    ]
-    if moe:
-        raise ConfigError(f"{option}: {moe[0]} is a mixture-of-experts field; lowp trains dense models only")
+    dense_moe = [k for k in ("num_experts", "num_local_experts", "moe_intermediate_size") if k in raw]
+    if dense_moe and family not in MOE_FAMILIES:
+        raise ConfigError(
+            f"{option}: {dense_moe[0]} is a mixture-of-experts field in a model_type={family!r} config; "
+            f"lowp reads experts from {', '.join(MOE_FAMILIES)} configs"
+        )
     if raw.get("hidden_act", "silu") != "silu":
         raise ConfigError(
             f"{option}: hidden_act={raw['hidden_act']!r}; lowp's gated MLP is SwiGLU (hidden_act='silu')"
@@ -194,7 +299,8 @@ def _refuse_unsupported(raw: dict, family: str, option: str) -> None:
     extra = sorted(set(rope) - {"rope_type", "rope_theta", *ROPE_TYPES[rope["rope_type"]]})
     if extra:  # e.g. partial_rotary_factor: RoPE on part of each head, which lowp does not do
         raise ConfigError(f"{option}: RoPE parameter {extra[0]!r} is not implemented by lowp; remove it")
-    sliding = raw.get("use_sliding_window") if family in ("qwen2", "qwen3") else raw.get("sliding_window")
+    qwen = family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+    sliding = raw.get("use_sliding_window") if qwen else raw.get("sliding_window")
     layer_types = set(raw.get("layer_types") or ["full_attention"])
     if sliding or layer_types != {"full_attention"}:
         what = (
@@ -219,6 +325,8 @@ def _bias_flags(raw: dict, family: str, option: str) -> tuple[bool, bool]:
     attention_bias covers q/k/v/o and mlp_bias the MLP: together they are add_bias_linear."""
     if family == "qwen2":
         return False, True
+    if family == "qwen2_moe":
+        return False, bool(raw.get("qkv_bias", True))
     attn, mlp = bool(raw.get("attention_bias", False)), bool(raw.get("mlp_bias", False))
     if attn != mlp:
         raise ConfigError(

@@ -9,6 +9,16 @@ group, [the group's H/G query heads, its key head, its value head], and one fc1 
 (harness.backends.te_names, the one map of them): the adapter maps lowp's names to them, layouts
 unchanged.
 
+Mixture of experts (harness/model/moe.py): the router `mlp.gate.weight` (E, h) is lowp's
+`mlp.router.weight`; the experts are one (E, out, in) tensor per fc in lowp, fc1 = [gate; up] per
+expert. Checkpoint files hold them per expert (`mlp.experts.{e}.gate_proj/up_proj/down_proj` for
+Qwen2/3-MoE, `block_sparse_moe.experts.{e}.w1/w3/w2` and `block_sparse_moe.gate` for Mixtral), the
+layout every transformers version loads and the one written back; transformers 5 holds them fused
+(`mlp.experts.gate_up_proj` (E, 2F, h), `mlp.experts.down_proj` (E, h, F)), lowp's fc1/fc2 as they
+are, and writes that with save_pretrained(save_original_format=False): both are read. Qwen2-MoE's
+shared expert `mlp.shared_expert.*` is lowp's `mlp.shared_experts.fc1/fc2` and its gate
+`mlp.shared_expert_gate.weight` (1, h) lowp's `mlp.shared_experts_gate`.
+
     sd = read_safetensors(PATH)                        # a file, a directory, sharded or not
     lowp_sd = hf_to_lowp(sd, model_cfg)                 # names, fused QKV and fc1
     hf_sd = lowp_to_hf(model.state_dict(), model_cfg)   # and back (export)
@@ -24,6 +34,7 @@ import torch
 
 from harness.backends.te_names import te_name
 from harness.config.schema import ModelConfig
+from harness.model.moe import moe_layer_pattern
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -105,6 +116,18 @@ def split_qkv(qkv: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.
     return q, grouped[:, H // G].reshape(G * D, *rest), grouped[:, H // G + 1].reshape(G * D, *rest)
 
 
+# per-expert projection names: (gate, up, down) of each family's file layout, and its MoE prefix
+EXPERT_PROJ = {"mlp": ("gate_proj", "up_proj", "down_proj"), "block_sparse_moe": ("w1", "w3", "w2")}
+
+
+def moe_prefix(cfg: ModelConfig) -> str:
+    """Where a sparse block's router and experts live in the files: Qwen's `mlp` for Qwen3-MoE
+    (QK norm) and Qwen2-MoE (a shared expert), else Mixtral's `block_sparse_moe` (as the export's
+    architecture is chosen: harness.interop.export.hf_config)."""
+    qwen = cfg.qk_layernorm or bool(cfg.moe_shared_expert_intermediate_size)
+    return "mlp" if qwen else "block_sparse_moe"
+
+
 def hf_to_lowp(sd: dict[str, torch.Tensor], cfg: ModelConfig, option: str = "init_from") -> dict:
     """An HF state dict in lowp's names and layouts; every HF tensor is used exactly once."""
     src, out = dict(sd), {}
@@ -132,21 +155,25 @@ def hf_to_lowp(sd: dict[str, torch.Tensor], cfg: ModelConfig, option: str = "ini
             )
         out["lm_head.weight"] = out["wte.weight"]
     qkv_bias = cfg.add_bias_linear or cfg.add_qkv_bias
+    sparse = moe_layer_pattern(cfg)
     for i in range(cfg.num_layers):
         hf, lw = f"model.layers.{i}.", f"blocks.{i}."
         attn = [take(f"{hf}self_attn.{p}_proj.weight") for p in "qkv"]
         out[lw + "attn.qkv.weight"] = fuse_qkv(*attn, cfg)
         if qkv_bias:
             out[lw + "attn.qkv.bias"] = fuse_qkv(*[take(f"{hf}self_attn.{p}_proj.bias") for p in "qkv"], cfg)
-        out[lw + "mlp.fc1.weight"] = torch.cat(
-            [take(hf + "mlp.gate_proj.weight"), take(hf + "mlp.up_proj.weight")]
-        )
+        if sparse[i]:
+            out.update(_moe_to_lowp(take, src, hf, lw, cfg))
+        else:
+            out[lw + "mlp.fc1.weight"] = torch.cat(
+                [take(hf + "mlp.gate_proj.weight"), take(hf + "mlp.up_proj.weight")]
+            )
         if cfg.add_bias_linear:
             out[lw + "mlp.fc1.bias"] = torch.cat(
                 [take(hf + "mlp.gate_proj.bias"), take(hf + "mlp.up_proj.bias")]
             )
         for lowp_suffix, hf_suffix in BLOCK_1TO1.items():
-            needed = _block_param_needed(lowp_suffix, cfg)
+            needed = _block_param_needed(lowp_suffix, cfg, i)
             if needed:
                 out[lw + lowp_suffix] = take(hf + hf_suffix)
     if src:
@@ -158,11 +185,60 @@ def hf_to_lowp(sd: dict[str, torch.Tensor], cfg: ModelConfig, option: str = "ini
     return out
 
 
-def _block_param_needed(suffix: str, cfg: ModelConfig) -> bool:
+def _moe_to_lowp(take, src: dict, hf: str, lw: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """One sparse block's router, experts (per expert in the file, or transformers 5's fused
+    tensors) and Qwen2-MoE's shared expert and gate, under lowp's names."""
+    out: dict[str, torch.Tensor] = {}
+    fused = f"{hf}mlp.experts.gate_up_proj" in src
+    prefix = "mlp" if fused else moe_prefix(cfg)
+    out[lw + "mlp.router.weight"] = take(f"{hf}{prefix}.gate.weight")
+    if fused:
+        out[lw + "mlp.experts.fc1.weight"] = take(f"{hf}mlp.experts.gate_up_proj")
+        out[lw + "mlp.experts.fc2.weight"] = take(f"{hf}mlp.experts.down_proj")
+    else:
+        gate, up, down = (f"{hf}{prefix}.experts.{{}}.{p}.weight" for p in EXPERT_PROJ[prefix])
+        experts = range(cfg.num_moe_experts)
+        fc1 = [torch.cat([take(gate.format(e)), take(up.format(e))]) for e in experts]
+        out[lw + "mlp.experts.fc1.weight"] = torch.stack(fc1)
+        out[lw + "mlp.experts.fc2.weight"] = torch.stack([take(down.format(e)) for e in experts])
+    if cfg.moe_shared_expert_intermediate_size:
+        shared = f"{hf}mlp.shared_expert."
+        fc1 = [take(shared + "gate_proj.weight"), take(shared + "up_proj.weight")]
+        out[lw + "mlp.shared_experts.fc1.weight"] = torch.cat(fc1)
+        out[lw + "mlp.shared_experts.fc2.weight"] = take(shared + "down_proj.weight")
+    if cfg.moe_shared_expert_gate:
+        out[lw + "mlp.shared_experts_gate"] = take(f"{hf}mlp.shared_expert_gate.weight")
+    return out
+
+
+def _moe_to_hf(sd: dict, hf: str, lw: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """One sparse block in the file layout (per expert), the inverse of _moe_to_lowp."""
+    prefix, out = moe_prefix(cfg), {}
+    out[f"{hf}{prefix}.gate.weight"] = sd[lw + "mlp.router.weight"]
+    gate, up, down = EXPERT_PROJ[prefix]
+    fc1, fc2 = sd[lw + "mlp.experts.fc1.weight"], sd[lw + "mlp.experts.fc2.weight"]
+    for e in range(fc1.shape[0]):
+        g, u = fc1[e].chunk(2)
+        base = f"{hf}{prefix}.experts.{e}."
+        out[base + gate + ".weight"], out[base + up + ".weight"] = g, u
+        out[base + down + ".weight"] = fc2[e]
+    if lw + "mlp.shared_experts.fc1.weight" in sd:
+        g, u = sd[lw + "mlp.shared_experts.fc1.weight"].chunk(2)
+        shared = f"{hf}mlp.shared_expert."
+        out[shared + "gate_proj.weight"], out[shared + "up_proj.weight"] = g, u
+        out[shared + "down_proj.weight"] = sd[lw + "mlp.shared_experts.fc2.weight"]
+    if lw + "mlp.shared_experts_gate" in sd:
+        out[f"{hf}mlp.shared_expert_gate.weight"] = sd[lw + "mlp.shared_experts_gate"]
+    return out
+
+
+def _block_param_needed(suffix: str, cfg: ModelConfig, index: int) -> bool:
     if suffix.endswith(".bias"):
         return cfg.add_bias_linear
     if "_norm." in suffix:
         return cfg.qk_layernorm
+    if suffix.startswith("mlp."):  # a sparse block's MLP is mapped by _moe_to_lowp
+        return not moe_layer_pattern(cfg)[index]
     return True
 
 
@@ -178,6 +254,8 @@ def lowp_to_hf(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch
         if lw + "attn.qkv.bias" in sd:
             for p, t in zip("qkv", split_qkv(sd[lw + "attn.qkv.bias"], cfg)):
                 out[f"{hf}self_attn.{p}_proj.bias"] = t
+        if lw + "mlp.router.weight" in sd:
+            out.update(_moe_to_hf(sd, hf, lw, cfg))
         for kind in ("weight", "bias"):
             if f"{lw}mlp.fc1.{kind}" in sd:
                 gate, up = sd[f"{lw}mlp.fc1.{kind}"].chunk(2)

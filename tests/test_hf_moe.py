@@ -1,0 +1,307 @@
+"""model=hf and harness.export for mixture-of-experts models: tiny random Qwen3-MoE, Qwen2-MoE
+(gated shared expert, every second layer sparse) and Mixtral built and saved by transformers.
+
+The logits are checked as test_hf_weights checks dense ones (lowp within 2x transformers' own bf16
+error against its fp32 evaluation), on tokens whose routing is not a near-tie: top-k routing is
+discontinuous, so where the k-th and (k+1)-th router logits are closer than bf16's rounding noise
+the two models may send a token to different experts, and that token's logits then differ by far
+more than rounding (both are right). The tokens are chosen by the fp32 model's routing margins,
+before lowp runs; lowp's routing is then required to be transformers' on every token and layer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.interop.export import export, fp8_dequantize, int4_dequantize, main
+from harness.interop.hf_config import model_fields
+from harness.interop.hf_weights import hf_to_lowp, load_into, lowp_to_hf, read_safetensors
+from harness.numerics.blockwise import quantize_blockwise
+from harness.numerics.formats import E4M3
+from harness.numerics.int4 import fake_int4
+from harness.validation.rules import ConfigError
+from tests.helpers import compose_cfg
+from tests.test_hf_weights import logits, lowp_model
+
+transformers = pytest.importorskip("transformers")
+
+SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=320,
+    initializer_range=0.08,
+)
+CASES = {  # config class, model class, MoE fields
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, head_dim=32
+        ),
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48
+        )
+        | dict(decoder_sparse_step=2, norm_topk_prob=False),
+    ),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+}
+T = 16
+GROUP = 32
+
+
+def hf_model(case: str, dtype=torch.bfloat16):
+    cfg_cls, model_cls, extra = CASES[case]
+    torch.manual_seed(0)
+    return getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**SHAPE, **extra)).to(dtype).eval()
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def checkpoint(request, tmp_path_factory):
+    """(case, per-expert checkpoint dir, transformers 5's fused-layout dir, the bf16 model)."""
+    d = tmp_path_factory.mktemp(request.param)
+    model = hf_model(request.param)
+    model.save_pretrained(d / "hf")  # the released layout: one tensor per expert and projection
+    model.save_pretrained(d / "fused", save_original_format=False)
+    return request.param, d, model
+
+
+# ---- config ----------------------------------------------------------------------------------------
+
+
+def test_moe_config_fields():
+    def fields(case, **kw):
+        cfg_cls, _, extra = CASES[case]
+        raw = getattr(transformers, cfg_cls)(**{**SHAPE, **extra, **kw}).to_dict()
+        return model_fields(raw, "x")
+
+    q3 = fields("qwen3_moe")
+    assert (q3["num_moe_experts"], q3["moe_router_topk"], q3["moe_ffn_hidden_size"]) == (8, 2, 32)
+    assert q3["ffn_hidden_size"] == 96 and q3["qk_layernorm"] and q3["moe_layer_freq"] == 1
+    # norm_topk_prob: the top-k renormalised = the softmax over the k logits = Megatron's top-k first
+    assert q3["moe_router_pre_softmax"] is False and q3["moe_aux_loss_coeff"] == 0.001
+    assert q3["moe_shared_expert_intermediate_size"] is None and not q3["moe_shared_expert_gate"]
+    assert fields("qwen3_moe", norm_topk_prob=False)["moe_router_pre_softmax"] is True
+    # layer i is sparse when (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers
+    four = fields("qwen3_moe", num_hidden_layers=4, decoder_sparse_step=2)["moe_layer_freq"]
+    assert four == [0, 1, 0, 1]
+    assert fields("qwen3_moe", num_hidden_layers=4, mlp_only_layers=[0, 2])["moe_layer_freq"] == [0, 1, 0, 1]
+    q2 = fields("qwen2_moe", router_aux_loss_coef=0.01)
+    assert (q2["moe_shared_expert_intermediate_size"], q2["moe_shared_expert_gate"]) == (48, True)
+    assert q2["moe_layer_freq"] == [0, 1] and q2["moe_router_pre_softmax"] is True
+    assert q2["add_qkv_bias"] and not q2["qk_layernorm"] and q2["moe_aux_loss_coeff"] == 0.01
+    mx = fields("mixtral")
+    assert (mx["num_moe_experts"], mx["moe_ffn_hidden_size"], mx["moe_router_pre_softmax"]) == (
+        4,
+        None,
+        False,
+    )
+    assert mx["ffn_hidden_size"] == 96 and mx["moe_layer_freq"] == 1 and not mx["add_qkv_bias"]
+    dense = model_fields(transformers.Qwen3Config(**SHAPE).to_dict(), "x")
+    assert dense["num_moe_experts"] is None and dense["moe_layer_freq"] == 1
+
+
+def test_moe_config_refusals():
+    raw = transformers.Qwen3MoeConfig(**SHAPE).to_dict() | {"num_experts": 8, "num_local_experts": 4}
+    with pytest.raises(ConfigError, match=r"^x: num_experts=8 but num_local_experts=4; give one$"):
+        model_fields(raw, "x")
+    ds = transformers.DeepseekV3Config(**SHAPE).to_dict()
+    with pytest.raises(ConfigError, match=r"^x: kv_lora_rank \(DeepSeek's multi-head latent attention"):
+        model_fields(ds, "x")
+
+
+# ---- weights in ------------------------------------------------------------------------------------
+
+
+def routed_tokens(model32, n: int = 2) -> torch.Tensor:
+    """n sequences of T tokens whose every routing decision has the widest margin in the fp32 model
+    (the k-th minus the (k+1)-th router logit, the smallest over positions and layers), of 8 drawn."""
+    k = model32.config.num_experts_per_tok
+    idx = torch.randint(0, SHAPE["vocab_size"], (8, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        router = model32(idx, output_router_logits=True).router_logits
+    margins = []
+    for layer in router:
+        top = layer.float().topk(k + 1, dim=-1).values
+        margins.append((top[:, k - 1] - top[:, k]).view(8, T).amin(dim=1))
+    best = torch.stack(margins).amin(dim=0).topk(n).indices
+    return idx[best]
+
+
+def routes(model32, backend, model, idx) -> None:
+    """lowp sends every token of idx to the experts transformers' fp32 model sends it to."""
+    maps = []
+    hooks = [
+        m.register_forward_hook(lambda mod, args, out: maps.append(out[1]))
+        for name, m in model.named_modules()
+        if name.endswith("mlp.router")
+    ]
+    logits(backend, model, idx)
+    for h in hooks:
+        h.remove()
+    with torch.no_grad():
+        router = model32(idx, output_router_logits=True).router_logits
+    k, (B, S) = model32.config.num_experts_per_tok, idx.shape
+    assert len(maps) == len(router)
+    for ours, theirs in zip(maps, router):
+        want = torch.zeros_like(theirs, dtype=torch.bool).scatter(1, theirs.topk(k, dim=-1).indices, True)
+        assert torch.equal(ours.view(S, B, -1).transpose(0, 1), want.view(B, S, -1))  # lowp: [s, b]
+
+
+def check_logits(model_cls: str, state_dir, hf16, backend, model):
+    """lowp's forward against transformers (fp32 over the same bf16 weights, and bf16)."""
+    model32 = getattr(transformers, model_cls).from_pretrained(state_dir, dtype=torch.float32).eval()
+    idx = routed_tokens(model32)
+    routes(model32, backend, model, idx)
+    with torch.no_grad():
+        ref, hf = model32(idx).logits, hf16(idx).logits.float()
+    lo = logits(backend, model, idx)
+    e_hf = (hf - ref).abs().max().item()
+    assert 0 < e_hf < 0.05 * ref.abs().max().item()
+    assert (lo - ref).abs().max().item() <= 2 * e_hf, ((lo - ref).abs().max().item(), e_hf)
+    assert (lo - hf).abs().max().item() <= 3 * e_hf
+    return idx, ref, e_hf
+
+
+def test_logits_match_transformers_and_both_expert_layouts_load(checkpoint):
+    case, d, hf16 = checkpoint
+    cfg, backend, model = lowp_model(d / "hf")
+    files = read_safetensors(str(d / "hf"))
+    assert any(".experts.3." in k for k in files)  # per expert in the file
+    lowp_sd = hf_to_lowp(files, cfg.model)
+    fused = hf_to_lowp(read_safetensors(str(d / "fused")), cfg.model)
+    assert sorted(fused) == sorted(lowp_sd) and all(torch.equal(fused[k], lowp_sd[k]) for k in lowp_sd)
+    # the file layout back, name for name and bit for bit
+    back = lowp_to_hf(lowp_sd, cfg.model)
+    assert sorted(back) == sorted(files) and all(torch.equal(back[k], files[k]) for k in files)
+    load_into(model, lowp_sd)
+    idx, ref, e_hf = check_logits(CASES[case][1], d / "hf", hf16, backend, model)
+
+    # control: experts 0 and 1 of every sparse layer swapped (their router rows kept)
+    for name, p in model.named_parameters():
+        if name.endswith("experts.fc1.weight") or name.endswith("experts.fc2.weight"):
+            with torch.no_grad():
+                p[[0, 1]] = p[[1, 0]].clone()
+    assert (logits(backend, model, idx) - ref).abs().max().item() > 5 * e_hf
+
+
+# ---- export ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(checkpoint):
+    """The checkpoint fine-tuned 3 steps in lowp (BF16): a run directory to export."""
+    from harness.train import run
+
+    case, d, _ = checkpoint
+    over = ["model=hf", f"model.hf_config={d / 'hf'}", f"init_from={d / 'hf'}", f"model.seq_length={T}"]
+    over += ["backend=emulated", "logger=none", "steps=3", "log_interval=3", "eval_tokens=64"]
+    over += ["micro_batch_size=2", "global_batch_size=2", "data=synthetic", "data.vocab_size=256"]
+    summary = run(compose_cfg(*over, "optimizer.lr=1e-2"), d / "run")
+    assert summary.status == "completed" and summary.steps == 3
+    return case, d
+
+
+def exported_model(case: str, out):
+    """transformers' own loader of the export, the bf16 model it gives, and lowp over its tensors."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(model).__name__ == CASES[case][1] and model.dtype == torch.bfloat16
+    cfg, backend, lowp = lowp_model(out)
+    return model, cfg, backend, lowp
+
+
+def test_bf16_export_loads_in_transformers_with_lowps_logits(trained):
+    case, d = trained
+    assert main([str(d / "run"), "--format", "hf", "--out", str(d / "bf16")]) == 0
+    sd = read_safetensors(str(d / "bf16"))
+    start = read_safetensors(str(d / "hf"))
+    assert sorted(sd) == sorted(start) and all(t.dtype == torch.bfloat16 for t in sd.values())
+    expert = next(k for k in sd if ".experts.0." in k)
+    assert not torch.equal(sd[expert], start[expert])  # the trained experts, not the initial ones
+    raw = json.loads((d / "bf16" / "config.json").read_text())
+    assert raw["model_type"] == case and raw["architectures"] == [CASES[case][1]]
+    hf16, cfg, backend, lowp = exported_model(case, d / "bf16")
+    assert cfg.model.num_moe_experts == CASES[case][2].get("num_experts", 4)
+    load_into(lowp, hf_to_lowp(sd, cfg.model))
+    check_logits(CASES[case][1], d / "bf16", hf16, backend, lowp)
+
+
+def _dequantized(d, fmt: str) -> tuple[dict, int]:
+    """The export's tensors as BF16 weights through lowp's readers, and how many were quantized."""
+    sd, out, n = read_safetensors(str(d)), {}, 0
+    for name, t in sd.items():
+        if name.endswith(("_scale_inv", "weight_scale", "weight_shape")):
+            continue
+        if fmt == "hf-fp8" and t.dtype == torch.float8_e4m3fn:
+            out[name], n = fp8_dequantize(t, sd[name + "_scale_inv"]).to(torch.bfloat16), n + 1
+        elif name.endswith(".weight_packed"):
+            base = name[: -len(".weight_packed")]
+            out[base + ".weight"] = int4_dequantize(
+                t, sd[base + ".weight_scale"], sd[base + ".weight_shape"], GROUP
+            )
+            n += 1
+        else:
+            out[name] = t
+    return out, n
+
+
+@pytest.mark.parametrize("fmt", ["hf-fp8", "hf-int4"])
+def test_quantized_exports_are_lowps_quantizers_per_expert(trained, fmt):
+    """Each expert's matrices quantized on their own (FP8: 128x128 tiles, INT4: groups), router,
+    shared-expert gate and embeddings BF16; transformers over the dequantized weights against
+    lowp's forward over them. (Checked over the dequantized tensors: transformers 5 holds the
+    experts fused, so its FP8 and compressed-tensors loaders do not take per-expert codes.)"""
+    case, d = trained
+    out = d / fmt
+    export(str(d / "run"), fmt, str(out), group_size=GROUP)
+    export(str(d / "run"), "hf", str(d / "ref"))
+    bf16 = read_safetensors(str(d / "ref"))
+    deq, n = _dequantized(out, fmt)
+    assert sorted(deq) == sorted(bf16)
+    for name, t in bf16.items():
+        if ".experts." in name:
+            want = (
+                quantize_blockwise(t, E4M3, tile_2d=True, power_2=True).dequantize().to(torch.bfloat16)
+                if fmt == "hf-fp8"
+                else fake_int4(t, GROUP)
+            )
+            assert torch.equal(deq[name], want), name
+        elif name.endswith(("gate.weight", "embed_tokens.weight", "norm.weight", "lm_head.weight")):
+            assert torch.equal(deq[name], t), name  # routers, gates, embeddings, norms: BF16 as trained
+    raw = json.loads((out / "config.json").read_text())
+    experts = CASES[case][2].get("num_experts", 4)
+    sparse = 1 if case == "qwen2_moe" else 2
+    shared = 3 if case == "qwen2_moe" else 0
+    assert n == 4 * 2 + (3 * experts + shared) * sparse + 3 * (2 - sparse)
+    qc = raw.pop("quantization_config")
+    kept = qc.get("modules_to_not_convert") or qc.get("ignore")
+    assert "lm_head" in kept and any("gate" in k for k in kept)
+    plain = d / (fmt + "_plain")
+    plain.mkdir(exist_ok=True)
+    (plain / "config.json").write_text(json.dumps(raw))
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in deq.items()}, str(plain / "model.safetensors"))
+    hf16 = getattr(transformers, CASES[case][1]).from_pretrained(plain, dtype=torch.bfloat16).eval()
+    cfg, backend, lowp = lowp_model(plain)
+    load_into(lowp, hf_to_lowp(deq, cfg.model))
+    check_logits(CASES[case][1], plain, hf16, backend, lowp)
+
+
+def test_moe_routing_transformers_lacks_is_refused(tmp_path, capsys):
+    import dataclasses
+
+    cfg = compose_cfg("model=qwen3_moe_tiny", "model.moe_router_score_function=sigmoid")
+    (tmp_path / "run.json").write_text(json.dumps({"config": {"model": dataclasses.asdict(cfg.model)}}))
+    assert main([str(tmp_path), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "model.moe_router_score_function=sigmoid" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "hf").exists()
