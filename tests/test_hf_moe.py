@@ -305,3 +305,26 @@ def test_moe_routing_transformers_lacks_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "model.moe_router_score_function=sigmoid" in err, err
     assert err.count("\n") == 1 and not (tmp_path / "hf").exists()
+
+
+def test_fp8_export_loads_through_transformers_finegrained_fp8(trained):
+    """transformers' FineGrainedFP8 loader (dequantize=True, as on a CPU) merges the per-expert
+    codes and scales into its fused experts; every weight it holds is lowp's dequantized export."""
+    pytest.importorskip("accelerate")  # transformers' FP8 quantizer refuses to load without it
+    case, d = trained
+    out = d / "fp8n"
+    export(str(d / "run"), "hf-fp8", str(out))
+    config = transformers.FineGrainedFP8Config(dequantize=True)
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, quantization_config=config
+    )
+    assert type(m).__name__ == CASES[case][1]
+    cfg, _, _ = lowp_model(d / "hf")
+    held = {k: v.detach().to(torch.bfloat16) for k, v in m.state_dict().items()}
+    if cfg.model.untie_embeddings_and_output_weights is False:
+        held.pop("lm_head.weight", None)
+    got, want = hf_to_lowp(held, cfg.model), hf_to_lowp(_dequantized(out, "hf-fp8")[0], cfg.model)
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want), [
+        k for k in want if not torch.equal(got[k], want[k])
+    ]
