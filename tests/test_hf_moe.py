@@ -48,7 +48,7 @@ CASES = {  # config class, model class, MoE fields
         "Qwen2MoeConfig",
         "Qwen2MoeForCausalLM",
         dict(
-            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64
         )
         | dict(decoder_sparse_step=2, norm_topk_prob=False),
     ),
@@ -95,7 +95,7 @@ def test_moe_config_fields():
     assert four == [0, 1, 0, 1]
     assert fields("qwen3_moe", num_hidden_layers=4, mlp_only_layers=[0, 2])["moe_layer_freq"] == [0, 1, 0, 1]
     q2 = fields("qwen2_moe", router_aux_loss_coef=0.01)
-    assert (q2["moe_shared_expert_intermediate_size"], q2["moe_shared_expert_gate"]) == (48, True)
+    assert (q2["moe_shared_expert_intermediate_size"], q2["moe_shared_expert_gate"]) == (64, True)
     assert q2["moe_layer_freq"] == [0, 1] and q2["moe_router_pre_softmax"] is True
     assert q2["add_qkv_bias"] and not q2["qk_layernorm"] and q2["moe_aux_loss_coeff"] == 0.01
     mx = fields("mixtral")
@@ -324,6 +324,31 @@ def test_fp8_export_loads_through_transformers_finegrained_fp8(trained):
     if cfg.model.untie_embeddings_and_output_weights is False:
         held.pop("lm_head.weight", None)
     got, want = hf_to_lowp(held, cfg.model), hf_to_lowp(_dequantized(out, "hf-fp8")[0], cfg.model)
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want), [
+        k for k in want if not torch.equal(got[k], want[k])
+    ]
+
+
+def test_int4_export_loads_through_transformers_compressed_tensors(trained):
+    """compressed-tensors' pack-quantized reader through transformers: every weight the loaded model
+    holds (experts fused by transformers 5, the rest as linears, decompressed at the first forward)
+    is lowp's dequantized export, bf16(code * scale) from fp32 scales."""
+    pytest.importorskip("compressed_tensors")
+    case, d = trained
+    out = d / "int4n"
+    export(str(d / "run"), "hf-int4", str(out), group_size=GROUP)
+    m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        m(torch.zeros(1, 4, dtype=torch.long))
+    assert type(m).__name__ == CASES[case][1]
+    cfg, _, _ = lowp_model(d / "hf")
+    held = {
+        k: v.detach().to(torch.bfloat16)
+        for k, v in m.state_dict().items()
+        if k.endswith(("weight", "bias", "proj"))
+    }
+    got, want = hf_to_lowp(held, cfg.model), hf_to_lowp(_dequantized(out, "hf-int4")[0], cfg.model)
     assert sorted(got) == sorted(want)
     assert all(torch.equal(got[k], want[k]) for k in want), [
         k for k in want if not torch.equal(got[k], want[k])
