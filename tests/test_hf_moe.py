@@ -257,8 +257,8 @@ def _dequantized(d, fmt: str) -> tuple[dict, int]:
 def test_quantized_exports_are_lowps_quantizers_per_expert(trained, fmt):
     """Each expert's matrices quantized on their own (FP8: 128x128 tiles, INT4: groups), router,
     shared-expert gate and embeddings BF16; transformers over the dequantized weights against
-    lowp's forward over them. (Checked over the dequantized tensors: transformers 5 holds the
-    experts fused, so its FP8 and compressed-tensors loaders do not take per-expert codes.)"""
+    lowp's forward over them. transformers' own loaders of these files are checked below: the
+    weights they hold are these dequantized tensors bit for bit."""
     case, d = trained
     out = d / fmt
     export(str(d / "run"), fmt, str(out), group_size=GROUP)
