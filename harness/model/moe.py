@@ -37,7 +37,8 @@ class ExpertOps(Protocol):
 
     def grouped_linear(self, name: str, num_gemms: int, in_features: int, out_features: int) -> nn.Module:
         """A group of `num_gemms` bias-free linears: `forward(x (M, in), m_splits) -> (M, out)`,
-        GEMM i on the m_splits[i] rows that follow GEMM i-1's (TE's GroupedLinear)."""
+        GEMM i on the m_splits[i] rows that follow GEMM i-1's (TE's GroupedLinear). Its `align_size`
+        (0: none) is the row count its recipe needs each expert padded to."""
         ...
 
     def activation(self, name: str, kind: str) -> nn.Module: ...
@@ -114,7 +115,14 @@ class Experts(nn.Module):
     """The routed experts (Megatron's TEGroupedMLP): fc1 and fc2 are grouped linears of the backend
     (`ExpertOps.grouped_linear`), so that each expert's GEMM is one call a recipe can quantize on
     its own; the activation runs on all permuted rows at once, then each row is weighted by its
-    routing probability before fc2 (Megatron applies the probabilities inside the experts)."""
+    routing probability before fc2 (Megatron applies the probabilities inside the experts).
+
+    Under an FP8/FP4 recipe each expert's rows are first padded with +0.0 rows to the recipe's
+    alignment (16, 32 for MXFP8, 128 for NVFP4), with probability 0, and the padding rows are dropped
+    from fc2's output (Megatron's default: TE's Fp8Padding / Fp8Unpadding, docs/numerics_grouped.md
+    §1.4); the backward drops their gradient and pads the output gradient with zeros. When fc1 and
+    fc2 differ in recipe (a stability override on one of them), the larger alignment serves both
+    (the alignments are 16, 32 and 128, so it is a multiple of each)."""
 
     def __init__(self, cfg: ModelConfig, ops: ExpertOps, prefix: str):
         super().__init__()
@@ -126,9 +134,28 @@ class Experts(nn.Module):
         self.fc2 = ops.grouped_linear(f"{prefix}.fc2", E, f, h)
 
     def forward(self, x: torch.Tensor, m_splits: list[int], probs: torch.Tensor) -> torch.Tensor:
+        align = max(getattr(self.fc1, "align_size", 0), getattr(self.fc2, "align_size", 0))
+        rows = None
+        if align:
+            padded = [-(-m // align) * align for m in m_splits]
+            rows = padded_rows(m_splits, padded, x.device)  # (M,) each real row's place
+            x = x.new_zeros(sum(padded), x.shape[1]).index_copy(0, rows, x)
+            probs = probs.new_zeros(sum(padded)).index_copy(0, rows, probs)
+            m_splits = padded
         hidden = self.act(self.fc1(x, m_splits))  # (M, F)
         hidden = (hidden * probs.unsqueeze(-1)).to(hidden.dtype)
-        return self.fc2(hidden, m_splits)  # (M, h)
+        out = self.fc2(hidden, m_splits)  # (M, h)
+        return out if rows is None else out.index_select(0, rows)
+
+
+def padded_rows(m_splits: list[int], padded: list[int], device) -> torch.Tensor:
+    """Where each of the sum(m_splits) rows lands when expert e's m_splits[e] rows start its
+    padded[e]-row segment (the padding rows follow them)."""
+    starts = torch.tensor([0, *padded[:-1]], device=device).cumsum(0)
+    counts = torch.tensor(m_splits, device=device)
+    offsets = torch.arange(int(counts.sum()), device=device)
+    firsts = torch.tensor([0, *m_splits[:-1]], device=device).cumsum(0)
+    return (offsets - firsts.repeat_interleave(counts)) + starts.repeat_interleave(counts)
 
 
 class MoE(nn.Module):
