@@ -9,6 +9,7 @@ import fnmatch
 from harness.config.schema import Config, ModelConfig
 from harness.model import routing as R
 from harness.model.moe import moe_layer_pattern
+from harness.model.plan import in_int4_scope
 
 _NAMES = {
     "moe_router_score_function": R.SCORE_FUNCTIONS,
@@ -36,7 +37,7 @@ def moe_errors(cfg: Config) -> list[str]:
     """What Megatron refuses, and the shapes an MoE layer needs (names already checked)."""
     m = cfg.model
     if m.num_moe_experts is None:
-        if cfg.recipe.name == "int4_qat" and cfg.recipe.int4_scope == "routed_experts":
+        if cfg.recipe.int4_scope == "routed_experts" and not in_int4_scope(cfg.recipe, "blocks.0.attn.qkv"):
             return [
                 "recipe.int4_scope=routed_experts without model.num_moe_experts: a dense model has no "
                 "routed experts, nothing would be quantized; use recipe.int4_scope=all_linear"
