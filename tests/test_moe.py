@@ -422,7 +422,6 @@ REFUSED = {
     "model.add_bias_linear=true": "model.add_bias_linear=true with model.num_moe_experts",
 }
 REFUSED_RUNS = {  # whole groups: composed
-    "recipe=tensorwise model.moe_router_padding_for_quantization=true": "does not route padding tokens yet",
     "stability.overrides=[{pattern:'*.experts.fc1.0',recipe:mxfp8}]": "selects experts of blocks.0",
     "backend=te hardware=h100": "with backend=te: MoE layers run on the emulated backend so far",
 }

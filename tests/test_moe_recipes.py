@@ -15,6 +15,7 @@ from harness.backends import build_backend
 from harness.backends.emulated import FakeQuantLinear, bf16_linear
 from harness.config.errors import ConfigError
 from harness.lifecycle import metrics as M
+from harness.model import routing as R
 from harness.numerics import NumericsContext, QuantizedLinear
 from harness.numerics.int4 import fake_int4
 from harness.train import backend_spec, run
@@ -244,12 +245,79 @@ def test_an_override_takes_a_whole_expert_group_and_refuses_part_of_one():
         assert "\n" not in str(exc.value) and "an expert group runs under one recipe" in str(exc.value)
 
 
-def test_router_padding_tokens_are_refused_in_one_line():
-    cfg = compose_config(["model=qwen3_moe_tiny", "hardware=cpu", "recipe=mxfp8",
-                          "model.moe_router_padding_for_quantization=true"])  # fmt: skip
-    with pytest.raises(ConfigError, match="moe_router_padding_for_quantization=true: lowp pads") as exc:
-        prepare(cfg)
-    assert "\n" not in str(exc.value)
+def megatron_pad_routing_map(routing_map, pad_multiple):
+    """Megatron-LM's moe_utils.py: pad_routing_map (d98e8a6), as written there."""
+    routing_map = routing_map.clone().transpose(0, 1)
+    num_ones = routing_map.sum(dim=1)
+    num_to_pad = (-num_ones) % pad_multiple
+    is_zero = routing_map == 0
+    zero_ranks = torch.cumsum(is_zero.int(), dim=1)
+    mask = zero_ranks <= num_to_pad.unsqueeze(1)
+    routing_map[mask] = 1
+    return routing_map.transpose(0, 1)
+
+
+def test_pad_routing_map_is_megatrons():
+    g = torch.Generator().manual_seed(5)
+    routing_map = torch.rand(40, 6, generator=g) < 0.3
+    routing_map[:, 2] = False  # an empty expert stays empty
+    routing_map[:, 4] = True  # every token routed: 40 = 2 x 16 + 8 cannot be aligned
+    padded = R.pad_routing_map(routing_map, 16)
+    assert torch.equal(padded, megatron_pad_routing_map(routing_map, 16))
+    counts = padded.sum(0)
+    assert counts[2] == 0 and counts[4] == 40
+    assert all(int(c) % 16 == 0 for i, c in enumerate(counts) if i != 4)
+    assert (padded | ~routing_map).all() and (padded >= routing_map).all()
+
+
+def moe_forward(moe, backend, x):
+    """(fc1's input rows and m_splits, the layer's output, its router losses)."""
+    seen = []
+    hook = moe.experts.fc1.register_forward_pre_hook(lambda mod, args: seen.append((args[0], list(args[1]))))
+    with backend.autocast():
+        y = moe(x)
+    hook.remove()
+    return seen[0], y, {k: v[1] for k, v in moe.losses.items()}
+
+
+def test_router_padding_routes_real_tokens_at_probability_zero_and_changes_the_expert_scales():
+    """Both modes on one routing (docs/numerics_grouped.md §5): aligned counts either way; router
+    padding puts real tokens where the default puts zero rows, so fc1's per-expert input amax (the
+    tensorwise scale) differs; the router's losses are the unpadded map's in both."""
+    results = {}
+    for mode in ("false", "true"):
+        cfg, backend, model = backend_and_model(
+            "tensorwise", f"model.moe_router_padding_for_quantization={mode}"
+        )
+        moe = model.blocks[0].mlp
+        x = torch.randn(2, 64, 64, generator=torch.Generator().manual_seed(6)).to(BF16)
+        x[0, 0] *= 16  # token 0, the first an expert that needs padding takes unless routed to it
+        results[mode] = moe_forward(moe, backend, x)
+    (x_zero, m_zero), _, losses_zero = results["false"]
+    (x_routed, m_routed), _, losses_routed = results["true"]
+    assert all(m % 16 == 0 for m in m_zero) and all(m % 16 == 0 for m in m_routed)
+    assert losses_zero == losses_routed
+    amax = {}
+    for mode, (rows, splits) in (("false", (x_zero, m_zero)), ("true", (x_routed, m_routed))):
+        amax[mode] = [float(r.float().abs().max()) if len(r) else 0.0 for r in rows.split(splits)]
+    assert all(b >= a for a, b in zip(amax["false"], amax["true"]))
+    assert any(b > a for a, b in zip(amax["false"], amax["true"]))
+    # the same aligned counts; the default's padding rows are zeros after each expert's real rows
+    tokens = x.transpose(0, 1).reshape(-1, 64)
+    with torch.no_grad():
+        counts = moe.router(tokens, 64)[1].sum(0).tolist()
+    assert m_zero == m_routed == [-(-c // 16) * 16 for c in counts]
+    for c, rows in zip(counts, x_zero.split(m_zero)):
+        assert not rows[c:].any() and (rows[:c].abs().sum(1) > 0).all()
+
+
+def test_router_padding_refuses_an_expert_it_cannot_align():
+    cfg, backend, model = backend_and_model("nvfp4", "model.moe_router_padding_for_quantization=true")
+    moe = model.blocks[0].mlp
+    x = torch.randn(1, 64, 64, generator=torch.Generator().manual_seed(7)).to(BF16)  # 64 tokens < 128
+    with pytest.raises(ValueError, match=r"padding_for_quantization=true: expert \d has 64 tokens"):
+        with backend.autocast():
+            moe(x)
 
 
 def test_int4_scope_routed_experts_fake_quantizes_the_experts_only():

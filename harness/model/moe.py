@@ -132,9 +132,13 @@ class Experts(nn.Module):
         self.fc1 = ops.grouped_linear(f"{prefix}.fc1", E, h, 2 * f if gated else f)
         self.act = ops.activation(f"{prefix}.act", cfg.activation)
         self.fc2 = ops.grouped_linear(f"{prefix}.fc2", E, f, h)
+        self.align_size = max(getattr(self.fc1, "align_size", 0), getattr(self.fc2, "align_size", 0))
+        """The rows each expert's count is aligned to (0: none)."""
+        self.pad_rows = not cfg.moe_router_padding_for_quantization
+        """False where the router padded the counts already (Megatron's skip_routed_expert_padding)."""
 
     def forward(self, x: torch.Tensor, m_splits: list[int], probs: torch.Tensor) -> torch.Tensor:
-        align = max(getattr(self.fc1, "align_size", 0), getattr(self.fc2, "align_size", 0))
+        align = self.align_size if self.pad_rows else 0
         rows = None
         if align:
             padded = [-(-m // align) * align for m in m_splits]
@@ -182,11 +186,29 @@ class MoE(nn.Module):
         shared = self._shared(x16) if self.shared_experts is not None else None  # first, as Megatron
         tokens = x16.transpose(0, 1).reshape(T * B, C)  # (T*B, C): Megatron's [s, b] token order
         probs, routing_map, self.losses = self.router(tokens, T)
+        if not self.experts.pad_rows and self.experts.align_size:  # Megatron's dispatch_preprocess
+            routing_map = self._routed_padding(routing_map)
         permuted, order = R.permute(tokens, routing_map)  # (M, C), M = sum of the map
         m_splits = routing_map.sum(dim=0).tolist()  # tokens per expert (a host sync, as Megatron's)
         out = self.experts(permuted, m_splits, R.permute_probs(probs, routing_map))
         y = R.unpermute(out, order, T * B).view(T, B, C).transpose(0, 1)  # (B, T, C)
         return y if shared is None else y + shared
+
+    def _routed_padding(self, routing_map: torch.Tensor) -> torch.Tensor:
+        """moe_router_padding_for_quantization: counts aligned by routing unrouted tokens at
+        probability 0 (routing.pad_routing_map); the router's losses and bias counts keep the
+        unpadded map. An expert left unaligned is an error, as TE's FP8/FP4 GEMMs refuse it."""
+        align = self.experts.align_size
+        padded = R.pad_routing_map(routing_map, align)
+        counts = padded.sum(dim=0)
+        if bool((counts % align).any()):
+            e = int((counts % align).nonzero()[0])
+            raise ValueError(
+                f"model.moe_router_padding_for_quantization=true: expert {e} has {int(counts[e])} tokens "
+                f"with every token of the micro-batch routed to it, not a multiple of {align}; use more "
+                "tokens per micro-batch or set it false (zero rows instead)"
+            )
+        return padded
 
     def _shared(self, x16: torch.Tensor) -> torch.Tensor:
         out = self.shared_experts(x16)

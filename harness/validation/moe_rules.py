@@ -118,7 +118,7 @@ def _router_errors(m: ModelConfig) -> list[str]:
 
 
 def moe_support_errors(cfg: Config, te: bool) -> list[str]:
-    """What lowp does not run with experts yet: the TE backend, biases, Megatron's router padding."""
+    """What lowp does not run with experts yet: the TE backend, biases."""
     m = cfg.model
     if m.num_moe_experts is None:
         return []
@@ -127,11 +127,6 @@ def moe_support_errors(cfg: Config, te: bool) -> list[str]:
         errs.append(
             f"model.num_moe_experts={m.num_moe_experts} with backend=te: MoE layers run on the emulated "
             "backend so far; use backend=emulated"
-        )
-    if m.moe_router_padding_for_quantization:
-        errs.append(
-            "model.moe_router_padding_for_quantization=true: lowp pads each expert's rows with zeros "
-            "(Megatron's default, TE's Fp8Padding) and does not route padding tokens yet; set it false"
         )
     if m.add_bias_linear:
         errs.append(
