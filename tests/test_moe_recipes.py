@@ -144,6 +144,15 @@ def test_delayed_scaling_history_of_an_expert_without_tokens_keeps_its_input_and
     assert torch.equal(bwd[e3].amax_history, before[1])
     assert not torch.equal(fwd[e3].amax_history[:, 1], before[0][:, 1])  # the weight column rolls
     assert fwd[e1].amax_history[-1, 0] > 0  # expert 1 had tokens now
+    # a checkpoint holds every expert's history and scale under its name, and restores them
+    _, fresh, _ = backend_and_model("delayed", "recipe.fp8_amax_history_len=4")
+    fresh.load_state_dict(backend.state_dict())
+    for name, state in fwd.items():
+        for mine, theirs in ((state, fresh.numerics.forward_states[name]),
+                             (bwd[name], fresh.numerics.backward_states[name])):  # fmt: skip
+            assert torch.equal(mine.amax_history, theirs.amax_history) and torch.equal(
+                mine.scale, theirs.scale
+            )
 
 
 @pytest.mark.parametrize("recipe", ["bf16", *QUANTIZED])
