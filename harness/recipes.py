@@ -323,6 +323,7 @@ FIELD_SCOPE: dict[str, Any] = {
     "disable_stochastic_rounding": lambda s: s.fp4_family,
     "disable_2d_quantization": lambda s: s.fp4_family,
     "int4_group_size": lambda s: s.hook == "int4_fake_quant",
+    "int4_scope": lambda s: s.hook == "int4_fake_quant",
     "fp8_dpa": lambda s: s.fp8_family,
     "fp8_mha": lambda s: s.fp8_family,
     "fp8_fast_accumulation": lambda s: s.te_recipe_class == _CURRENT,

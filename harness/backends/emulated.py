@@ -127,12 +127,42 @@ class EmulatedLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}, numerics={q}"
 
 
+EXPERT_ALIGNMENT = {"amax_history": 16, "current": 16, "block": 16, "factory": 16, "mx": 32, "nv": 128}
+"""Rows each expert is padded to under a recipe's quantizer scheme (docs/numerics_grouped.md §1.2, §1.4:
+Megatron's get_align_size_for_quantization, TE's Fp8Padding); schemes not listed (BF16 GEMMs: bf16,
+int4_qat) pad nothing."""
+
+
+def expert_alignment(recipe) -> int:
+    """The row alignment of an expert group running `recipe` (None = BF16): 0 for none."""
+    return 0 if recipe is None else EXPERT_ALIGNMENT.get(recipes.get(recipe.name).scheme, 0)
+
+
+class _AfterBackward(torch.autograd.Function):
+    """The identity on (x, weight); `then()` runs in backward once both grads are complete, i.e.
+    after every expert's backward: a group is one TE module, so the delayed-scaling backward update
+    it owes as the forward's first quantized module follows its last expert (docs/numerics_grouped.md
+    §3.1)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, then):
+        ctx.then = then
+        return x.view_as(x), weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, dx, dw):
+        ctx.then()
+        return dx, dw, None
+
+
 class EmulatedGroupedLinear(nn.Module):
     """TE's GroupedLinear (Megatron's TEGroupedMLP experts): `num_gemms` bias-free linears, GEMM i
     on the m_splits[i] rows of `forward(x, m_splits)` that follow GEMM i-1's. Each GEMM is one
     `expert_linear` call, empty experts included (TE's grouped GEMM runs every member), so that a
     recipe quantizes each expert on its own (its own amax, scale and history; blocks inside its
-    rows), as TE's split-quantize path does.
+    rows), as TE's split-quantize path does: `quants[i]` is expert i's dense emulated TE Linear
+    (QuantizedLinear, or INT4's FakeQuantLinear; None = BF16), docs/numerics_grouped.md §2-§4.
+    `align_size`: the rows Megatron pads each expert to before this group (harness.model.moe.Experts).
 
     One weight (num_gemms, out, in), not a list: weight[i] is TE's weight{i} and the (out, in)
     operand each expert's quantizer sees; the whole tensor is transformers 5's fused expert layout
@@ -141,25 +171,51 @@ class EmulatedGroupedLinear(nn.Module):
     see one tensor per group. `unbind` hands the GEMMs their slices: one autograd node whose
     backward stacks the experts' weight grads (zeros for an expert no token reached)."""
 
-    def __init__(self, name: str, num_gemms: int, in_features: int, out_features: int, wgrad_fp32=False):
+    def __init__(
+        self,
+        name: str,
+        num_gemms: int,
+        in_features: int,
+        out_features: int,
+        wgrad_fp32=False,
+        quants: list | None = None,
+        align_size: int = 0,
+    ):
         super().__init__()
         self.name, self.wgrad_fp32 = name, wgrad_fp32
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.weight = nn.Parameter(torch.empty(num_gemms, out_features, in_features))
         nn.init.normal_(self.weight, std=0.02)
+        self.quants, self.align_size = quants, align_size
 
     def forward(self, x: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
         assert len(m_splits) == self.num_gemms, (self.name, m_splits)
-        parts = zip(x.split(m_splits), self.weight.unbind(0))
+        weight = self.weight
+        q0 = self.quants[0] if self.quants else None
+        if isinstance(q0, QuantizedLinear) and q0.context.claim_first() and torch.is_grad_enabled():
+            x, weight = _AfterBackward.apply(x, weight, q0.context.update_backward)
+        parts = zip(x.split(m_splits), weight.unbind(0))
         return torch.cat([self.expert_linear(i, xi, wi) for i, (xi, wi) in enumerate(parts)])  # (M, out)
 
     def expert_linear(self, index: int, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """Expert `index`'s GEMM on its rows x (m, in): BF16 (the recipes on experts take it over)."""
-        return bf16_linear(x, weight, None, self.wgrad_fp32)
+        """Expert `index`'s GEMM on its rows x (m, in). An expert without rows still has its weight
+        quantized (TE's loop covers every expert; under delayed scaling its weight amax is recorded)
+        but casts no input and no gradient, so it records no amax for them; its dW is zeros
+        (docs/numerics_grouped.md §4)."""
+        quant = self.quants[index] if self.quants else None
+        if quant is None:
+            return bf16_linear(x, weight, None, self.wgrad_fp32)
+        if x.shape[0] == 0 and isinstance(quant, QuantizedLinear):
+            quant.calls += 1
+            quant.quantize_weight(weight, x.requires_grad)
+            return bf16_linear(x, weight, None, self.wgrad_fp32)  # (0, out); dW zeros
+        return quant.linear(x, weight, None)
 
     def extra_repr(self) -> str:
         dw = ", dW fp32" if self.wgrad_fp32 else ""
-        return f"{self.num_gemms} x ({self.in_features}, {self.out_features}), numerics=bf16{dw}"
+        q = "bf16" if not self.quants else repr(self.quants[0])
+        pad = f", rows padded to {self.align_size}" if self.align_size else ""
+        return f"{self.num_gemms} x ({self.in_features}, {self.out_features}), numerics={q}{dw}{pad}"
 
 
 def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -273,11 +329,24 @@ class EmulatedOps:
         return EmulatedLinear(name, in_features, out_features, bias, quant, self.backend.wgrad_fp32(name))
 
     def grouped_linear(self, name: str, num_gemms: int, in_features: int, out_features: int) -> nn.Module:
+        """Experts quantized one by one, each a dense emulated TE Linear named `name.i` (its delayed-
+        scaling state and telemetry too), on the reference GEMMs everywhere: the fast GEMMs' grouped
+        codes are not checked against TE's on a GPU yet."""
         self.backend.linear_names.append(name)
-        # MoE runs in BF16 so far: validation refuses recipes and overrides that quantize a model with experts
-        assert self.backend.plan.recipe_for(name) is None, name
+        recipe = self.backend.plan.recipe_for(name)
+        quants = None
+        if recipe is not None:
+            quants = [
+                self.backend.make_numerics(f"{name}.{i}", recipe, expert=True) for i in range(num_gemms)
+            ]
         return EmulatedGroupedLinear(
-            name, num_gemms, in_features, out_features, self.backend.wgrad_fp32(name)
+            name,
+            num_gemms,
+            in_features,
+            out_features,
+            self.backend.wgrad_fp32(name),
+            quants,
+            expert_alignment(recipe),
         )
 
     def activation(self, name: str, kind: str) -> nn.Module:
@@ -318,7 +387,9 @@ class EmulatedBackend(Backend):
             and getattr(self.hook, "fuses_wgrad", True)
         )
 
-    def make_numerics(self, name: str, recipe) -> QuantizedLinear | FakeQuantLinear:
+    def make_numerics(self, name: str, recipe, expert: bool = False) -> QuantizedLinear | FakeQuantLinear:
+        """`expert`: a routed expert's GEMM, whose operands come from permuted tokens and a torch
+        activation, so TE fuses no cast into them (docs/numerics_grouped.md §1.5)."""
         spec = recipes.get(recipe.name)
         if spec.hook is not None:
             quant = FakeQuantLinear(make_hook(spec.hook, recipe))
@@ -331,8 +402,8 @@ class EmulatedBackend(Backend):
                 fp8_wgrad=stab.fp8_wgrad,
                 margin=stab.fp8_margin,
                 wgrad_fp32=self.wgrad_fp32(name),
-                fast_gemm=self.fast_paths,
-                **fused_casts(name, recipe.name, self.spec.model.activation),
+                fast_gemm=False if expert else self.fast_paths,
+                **({} if expert else fused_casts(name, recipe.name, self.spec.model.activation)),
             )
         self.modules[name] = quant
         return quant

@@ -15,6 +15,7 @@ FP8_FORMATS = ("e4m3", "hybrid")
 FP4_FORMATS = ("e2m1",)
 STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 FP8_FAST_ACCUMULATION = ("fprop", "all")
+INT4_SCOPES = ("all_linear", "routed_experts")
 
 
 @dataclass
@@ -49,6 +50,10 @@ class RecipeConfig:
     """NVFP4: quantize weights in 1x16 blocks instead of 16x16 tiles."""
     int4_group_size: int = 128
     """INT4 fake-QAT: group size along the input dim (miles: 128, Kimi-K2 32)."""
+    int4_scope: str = "all_linear"
+    """INT4 fake-QAT: which weights are fake-quantized: `all_linear` (every block linear) or
+    `routed_experts` (miles' scope: the routed experts' weights only; attention, the shared expert and
+    dense MLPs stay BF16)."""
     quantizer_factory: str | None = None
     """custom: import path `module:function` of `factory(role, recipe_cfg) -> quantizer`."""
     fp8_dpa: bool = False

@@ -100,6 +100,7 @@ ADDED: dict[str, Change] = {c.field: c for c in (
     Change("OptimizerConfig.step_in_backward", False, "b3384d0", "the optimizer stepped after backward"),
     Change("ModuleOverride.fields", {}, "95aba5e", "no fields: the override's recipe ran as its preset"),
     Change("ModelConfig.num_moe_experts", None, _MOE_SINCE, "every model was dense (an MLP in each block)"),
+    Change("RecipeConfig.int4_scope", "all_linear", "c787023", "int4_qat fake-quantized every block linear"),
     *(Change(f"ModelConfig.{name}", value, _MOE_SINCE, _MOE) for name, value in _MOE_FIELDS.items()),
 )}
 

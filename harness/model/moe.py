@@ -37,7 +37,8 @@ class ExpertOps(Protocol):
 
     def grouped_linear(self, name: str, num_gemms: int, in_features: int, out_features: int) -> nn.Module:
         """A group of `num_gemms` bias-free linears: `forward(x (M, in), m_splits) -> (M, out)`,
-        GEMM i on the m_splits[i] rows that follow GEMM i-1's (TE's GroupedLinear)."""
+        GEMM i on the m_splits[i] rows that follow GEMM i-1's (TE's GroupedLinear). Its `align_size`
+        (0: none) is the row count its recipe needs each expert padded to."""
         ...
 
     def activation(self, name: str, kind: str) -> nn.Module: ...
@@ -114,7 +115,14 @@ class Experts(nn.Module):
     """The routed experts (Megatron's TEGroupedMLP): fc1 and fc2 are grouped linears of the backend
     (`ExpertOps.grouped_linear`), so that each expert's GEMM is one call a recipe can quantize on
     its own; the activation runs on all permuted rows at once, then each row is weighted by its
-    routing probability before fc2 (Megatron applies the probabilities inside the experts)."""
+    routing probability before fc2 (Megatron applies the probabilities inside the experts).
+
+    Under an FP8/FP4 recipe each expert's rows are first padded with +0.0 rows to the recipe's
+    alignment (16, 32 for MXFP8, 128 for NVFP4), with probability 0, and the padding rows are dropped
+    from fc2's output (Megatron's default: TE's Fp8Padding / Fp8Unpadding, docs/numerics_grouped.md
+    §1.4); the backward drops their gradient and pads the output gradient with zeros. When fc1 and
+    fc2 differ in recipe (a stability override on one of them), the larger alignment serves both
+    (the alignments are 16, 32 and 128, so it is a multiple of each)."""
 
     def __init__(self, cfg: ModelConfig, ops: ExpertOps, prefix: str):
         super().__init__()
@@ -124,11 +132,34 @@ class Experts(nn.Module):
         self.fc1 = ops.grouped_linear(f"{prefix}.fc1", E, h, 2 * f if gated else f)
         self.act = ops.activation(f"{prefix}.act", cfg.activation)
         self.fc2 = ops.grouped_linear(f"{prefix}.fc2", E, f, h)
+        self.align_size = max(getattr(self.fc1, "align_size", 0), getattr(self.fc2, "align_size", 0))
+        """The rows each expert's count is aligned to (0: none)."""
+        self.pad_rows = not cfg.moe_router_padding_for_quantization
+        """False where the router padded the counts already (Megatron's skip_routed_expert_padding)."""
 
     def forward(self, x: torch.Tensor, m_splits: list[int], probs: torch.Tensor) -> torch.Tensor:
+        align = self.align_size if self.pad_rows else 0
+        rows = None
+        if align:
+            padded = [-(-m // align) * align for m in m_splits]
+            rows = padded_rows(m_splits, padded, x.device)  # (M,) each real row's place
+            x = x.new_zeros(sum(padded), x.shape[1]).index_copy(0, rows, x)
+            probs = probs.new_zeros(sum(padded)).index_copy(0, rows, probs)
+            m_splits = padded
         hidden = self.act(self.fc1(x, m_splits))  # (M, F)
         hidden = (hidden * probs.unsqueeze(-1)).to(hidden.dtype)
-        return self.fc2(hidden, m_splits)  # (M, h)
+        out = self.fc2(hidden, m_splits)  # (M, h)
+        return out if rows is None else out.index_select(0, rows)
+
+
+def padded_rows(m_splits: list[int], padded: list[int], device) -> torch.Tensor:
+    """Where each of the sum(m_splits) rows lands when expert e's m_splits[e] rows start its
+    padded[e]-row segment (the padding rows follow them)."""
+    starts = torch.tensor([0, *padded[:-1]], device=device).cumsum(0)
+    counts = torch.tensor(m_splits, device=device)
+    offsets = torch.arange(int(counts.sum()), device=device)
+    firsts = torch.tensor([0, *m_splits[:-1]], device=device).cumsum(0)
+    return (offsets - firsts.repeat_interleave(counts)) + starts.repeat_interleave(counts)
 
 
 class MoE(nn.Module):
@@ -155,11 +186,29 @@ class MoE(nn.Module):
         shared = self._shared(x16) if self.shared_experts is not None else None  # first, as Megatron
         tokens = x16.transpose(0, 1).reshape(T * B, C)  # (T*B, C): Megatron's [s, b] token order
         probs, routing_map, self.losses = self.router(tokens, T)
+        if not self.experts.pad_rows and self.experts.align_size:  # Megatron's dispatch_preprocess
+            routing_map = self._routed_padding(routing_map)
         permuted, order = R.permute(tokens, routing_map)  # (M, C), M = sum of the map
         m_splits = routing_map.sum(dim=0).tolist()  # tokens per expert (a host sync, as Megatron's)
         out = self.experts(permuted, m_splits, R.permute_probs(probs, routing_map))
         y = R.unpermute(out, order, T * B).view(T, B, C).transpose(0, 1)  # (B, T, C)
         return y if shared is None else y + shared
+
+    def _routed_padding(self, routing_map: torch.Tensor) -> torch.Tensor:
+        """moe_router_padding_for_quantization: counts aligned by routing unrouted tokens at
+        probability 0 (routing.pad_routing_map); the router's losses and bias counts keep the
+        unpadded map. An expert left unaligned is an error, as TE's FP8/FP4 GEMMs refuse it."""
+        align = self.experts.align_size
+        padded = R.pad_routing_map(routing_map, align)
+        counts = padded.sum(dim=0)
+        if bool((counts % align).any()):
+            e = int((counts % align).nonzero()[0])
+            raise ValueError(
+                f"model.moe_router_padding_for_quantization=true: expert {e} has {int(counts[e])} tokens "
+                f"with every token of the micro-batch routed to it, not a multiple of {align}; use more "
+                "tokens per micro-batch or set it false (zero rows instead)"
+            )
+        return padded
 
     def _shared(self, x16: torch.Tensor) -> torch.Tensor:
         out = self.shared_experts(x16)

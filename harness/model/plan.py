@@ -35,6 +35,14 @@ def bf16_layers(stability: StabilityConfig, num_layers: int) -> set[int]:
     return {i for i in range(num_layers) if i < start or i >= num_layers - end}
 
 
+def in_int4_scope(recipe: RecipeConfig, name: str) -> bool:
+    """Whether `recipe.int4_scope` covers module `name` (only INT4 QAT reads the scope):
+    routed_experts = the expert groups (blocks.N.mlp.experts.fc1/fc2), miles' INT4 QAT scope."""
+    if recipe.int4_scope != "routed_experts" or recipes.get(recipe.name).hook != "int4_fake_quant":
+        return True
+    return ".mlp.experts." in name
+
+
 OVERRIDE_FIELDS = frozenset(f.name for f in dataclasses.fields(RecipeConfig)) - {"name"}
 """The recipe fields a stability override may set (`ModuleOverride.fields`)."""
 
@@ -57,6 +65,8 @@ class PrecisionPlan:
         if name == "lm_head" or layer_index(name) is None:
             return None
         chosen = _assigned(self.recipe)
+        if chosen is not None and not in_int4_scope(chosen, name):
+            chosen = None
         if layer_index(name) in bf16_layers(self.stability, self.model.num_layers):
             chosen = None
         for ov in self.stability.overrides:

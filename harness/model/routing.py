@@ -178,6 +178,16 @@ def updated_expert_bias(
     return expert_bias + torch.sign(average - tokens_per_expert) * rate
 
 
+def pad_routing_map(routing_map: torch.Tensor, align: int) -> torch.Tensor:
+    """moe_utils.py: pad_routing_map (Megatron's moe_router_padding_for_quantization): each expert
+    with c routed tokens also takes its first (-c) mod `align` unrouted tokens, lowest token index
+    first, so that its count is a multiple of `align`; they keep probability 0. An expert with too few
+    unrouted tokens takes them all and stays unaligned (the caller refuses that)."""
+    need = (-routing_map.sum(dim=0)) % align  # (E,)
+    ranks = torch.cumsum((~routing_map).int(), dim=0)  # (T, E) rank of each unrouted token
+    return routing_map | (~routing_map & (ranks <= need))
+
+
 def permute(tokens: torch.Tensor, routing_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(permuted (sum of the map, h), sorted_indices): each token copied once per expert it goes to,
     the copies grouped by expert in expert order, tokens in their order inside a group (Megatron's

@@ -20,6 +20,7 @@ NAMES = {
     "recipe.fp4": (None, *schema.FP4_FORMATS),
     "recipe.fp8_amax_compute_algo": ("max", "most_recent"),
     "recipe.fp8_fast_accumulation": schema.FP8_FAST_ACCUMULATION,
+    "recipe.int4_scope": schema.INT4_SCOPES,
     "optimizer.main_grads_dtype": ("fp32", "bf16"),
     "optimizer.main_params_dtype": ("fp32", "fp16"),
     "optimizer.exp_avg_dtype": schema.STATE_DTYPES,

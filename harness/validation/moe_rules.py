@@ -4,9 +4,12 @@ does not run yet. Every error is one line naming the option and the fix."""
 
 from __future__ import annotations
 
-from harness import recipes
+import fnmatch
+
 from harness.config.schema import Config, ModelConfig
 from harness.model import routing as R
+from harness.model.moe import moe_layer_pattern
+from harness.model.plan import in_int4_scope
 
 _NAMES = {
     "moe_router_score_function": R.SCORE_FUNCTIONS,
@@ -34,6 +37,11 @@ def moe_errors(cfg: Config) -> list[str]:
     """What Megatron refuses, and the shapes an MoE layer needs (names already checked)."""
     m = cfg.model
     if m.num_moe_experts is None:
+        if cfg.recipe.int4_scope == "routed_experts" and not in_int4_scope(cfg.recipe, "blocks.0.attn.qkv"):
+            return [
+                "recipe.int4_scope=routed_experts without model.num_moe_experts: a dense model has no "
+                "routed experts, nothing would be quantized; use recipe.int4_scope=all_linear"
+            ]
         if m.moe_ffn_hidden_size is not None:  # transformer_config.py:1689-1705
             return [
                 f"model.moe_ffn_hidden_size={m.moe_ffn_hidden_size} without model.num_moe_experts: "
@@ -110,7 +118,7 @@ def _router_errors(m: ModelConfig) -> list[str]:
 
 
 def moe_support_errors(cfg: Config, te: bool) -> list[str]:
-    """What lowp does not run with experts yet: BF16 on the emulated backend only, no biases."""
+    """What lowp does not run with experts yet: the TE backend, biases."""
     m = cfg.model
     if m.num_moe_experts is None:
         return []
@@ -120,28 +128,34 @@ def moe_support_errors(cfg: Config, te: bool) -> list[str]:
             f"model.num_moe_experts={m.num_moe_experts} with backend=te: MoE layers run on the emulated "
             "backend so far; use backend=emulated"
         )
-    quantized = [f"recipe={cfg.recipe.name}"] if _quantizes(cfg.recipe.name) else []
-    quantized += [
-        f"stability.overrides pattern={ov.pattern} recipe={ov.recipe}"
-        for ov in cfg.stability.overrides
-        if _quantizes(ov.recipe)
-    ]
-    if quantized:
-        errs.append(
-            f"model.num_moe_experts={m.num_moe_experts} with {quantized[0]}: MoE models train in BF16 so "
-            "far; use recipe=bf16 and no stability override to another recipe"
-        )
     if m.add_bias_linear:
         errs.append(
             "model.add_bias_linear=true with model.num_moe_experts: MoE layers without biases only so far "
             "(as Qwen2/3-MoE and Mixtral); set model.add_bias_linear=false"
         )
-    return errs
+    return errs + _expert_override_errors(cfg)
 
 
-def _quantizes(name: str) -> bool:
-    spec = recipes.get(name) if name in recipes.names() else None
-    return spec is not None and (spec.scheme is not None or spec.hook is not None)
+def _expert_override_errors(cfg: Config) -> list[str]:
+    """TE runs an expert group (GroupedLinear) under one recipe: a stability override may select a
+    group (blocks.3.mlp.experts.fc1) but not some of its experts (blocks.3.mlp.experts.fc1.0)."""
+    E = cfg.model.num_moe_experts
+    if not cfg.stability.overrides or _layer_freq_errors(cfg.model):
+        return []
+    groups = [
+        f"blocks.{i}.mlp.experts.{fc}" for i, moe in enumerate(moe_layer_pattern(cfg.model)) if moe
+        for fc in ("fc1", "fc2")
+    ]  # fmt: skip
+    for ov in cfg.stability.overrides:
+        for group in groups:
+            if not fnmatch.fnmatchcase(group, ov.pattern) and any(
+                fnmatch.fnmatchcase(f"{group}.{e}", ov.pattern) for e in range(E)
+            ):
+                return [
+                    f"stability.overrides pattern={ov.pattern} selects experts of {group}, not the whole "
+                    f"group: an expert group runs under one recipe; use pattern={group}"
+                ]
+    return []
 
 
 def moe_export_errors(cfg: Config) -> list[str]:
