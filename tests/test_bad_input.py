@@ -450,6 +450,32 @@ def test_completed_run_started_again_on_changed_data_keeps_its_files(tmp_path, c
     assert not (tmp_path / "run" / "error.txt").exists()
 
 
+def test_jobs_run_in_their_own_processes_reach_the_multirun_exit_code(tmp_path, capsys):
+    """Under lowp's serial/local_parallel/slurm launchers a job's callbacks run in the job's process,
+    so the launcher hands each returned status to the driver's callback: a failed or missing job
+    makes the multirun exit non-zero, as under Hydra's in-process launcher."""
+    from types import SimpleNamespace
+
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from harness.multirun.callbacks import ValidateSweep
+    from hydra_plugins.lowp_launcher.launcher import LowpLauncher, Planned
+
+    callback = ValidateSweep()
+    callback.jobs = 3
+    launcher = LowpLauncher()
+    launcher.hydra_context = SimpleNamespace(callbacks=SimpleNamespace(callbacks=[callback]))
+    plans = [Planned(i, [], tmp_path / f"{i}_bf16_s0", f"{i}_bf16_s0") for i in range(3)]
+    returns = [
+        JobReturn(status=JobStatus.COMPLETED, _return_value=s) for s in ("completed", "failed", "missing")
+    ]
+    launcher._tell_driver(plans, returns)
+    with pytest.raises(SystemExit) as exit_:
+        callback.on_multirun_end(config=None)
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.startswith("error: 2 of 3 jobs failed (1_bf16_s0, 2_bf16_s0)")
+
+
 # -- failures never stop a sweep; divergence is a clean end ------------------------------------------
 def test_failing_job_does_not_stop_the_sweep(factory, tmp_path, capsys):
     """Job 0 fails, job 1 still runs; the multirun then exits 1 naming the failed job, whose
@@ -477,12 +503,12 @@ def test_divergence_ends_cleanly_with_exit_0(tmp_path, capsys):
 
 
 # -- by hand: the real CLI, SIGTERM, restart ---------------------------------------------------------
-@pytest.mark.slow  # a real `python -m harness.train` to signal, and its restart: 600 steps
+@pytest.mark.slow  # a real `python -m harness.train` to signal, and its restart: 200 steps
 def test_cli_sigterm_then_restart_resumes(tmp_path):
     """`python -m harness.train` stopped with SIGTERM checkpoints, says how to resume, exits 143;
     the printed command resumes it to the same end as an uninterrupted run."""
-    # long enough that the signal lands mid-run on an idle machine too (16 steps once finished first)
-    args = [*TINY, "steps=600", "checkpoint_interval=5000", "log_interval=1", "eval_interval=0"]
+    # long enough that the signal lands mid-run on an idle machine too (it is sent after 3 steps)
+    args = [*TINY, "steps=200", "checkpoint_interval=5000", "log_interval=1", "eval_interval=0"]
     args += ["data.num_tokens=200000", "eval_tokens=512", f"hydra.run.dir={tmp_path}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
@@ -501,7 +527,7 @@ def test_cli_sigterm_then_restart_resumes(tmp_path):
     err = proc.stdout.read()
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, err
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "preempted" and 3 <= summary["steps"] < 600
+    assert summary["status"] == "preempted" and 3 <= summary["steps"] < 200
     assert C.load_latest(tmp_path)[1] == summary["steps"]  # checkpointed at the step boundary
     (command,) = [
         line.split("to resume this run: ")[1] for line in err.splitlines() if "to resume this run" in line
@@ -511,6 +537,6 @@ def test_cli_sigterm_then_restart_resumes(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "loss/train" in x]
-    assert steps == list(range(1, 601))  # continued, no row lost or repeated
+    assert steps == list(range(1, 201))  # continued, no row lost or repeated
     state = C.load_latest(tmp_path)[2]
-    assert state["data"]["position"] == 600 and torch.is_tensor(state["model"]["wte.weight"])
+    assert state["data"]["position"] == 200 and torch.is_tensor(state["model"]["wte.weight"])

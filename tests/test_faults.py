@@ -77,23 +77,6 @@ def test_full_disk_in_a_multirun_fails_that_job_and_runs_the_next(tmp_path):
         assert json.loads((job1 / "summary.json").read_text())["status"] == "completed"
 
 
-def test_a_multirun_whose_jobs_run_in_their_own_processes_exits_non_zero_when_one_failed(tmp_path):
-    """lowp's serial launcher runs each job in a process of its own, so the driver hears of a job's
-    failure from the launcher, not from the job: the same full disk as above, the same exit code."""
-    with tmpfs(tmp_path / "sweep", 2_600_000) as sweep:
-        res = run_cli(
-            ["-m", "harness.train", "-m", "hydra/launcher=serial", *QUICK, "steps=4", "log_interval=2",
-             "checkpoint_interval=2,-1", f"hydra.sweep.dir={sweep}"]
-        )  # fmt: skip
-        (job0,) = sweep.glob("0_*")
-        (job1,) = sweep.glob("1_*")
-        errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
-        assert errors[-1].startswith(f"error: 1 of 2 jobs failed ({job0.name})"), res.stderr[-3000:]
-        assert json.loads((job0 / "summary.json").read_text())["status"] == "failed"
-        assert json.loads((job1 / "summary.json").read_text())["status"] == "completed"
-
-
 def test_sigkill_inside_a_checkpoint_write_is_cleaned_up_on_restart(tmp_path):
     """SIGKILL while checkpoint k is being written (its .tmp- directory exists: the process is
     stopped there first, so the kill lands inside the write) leaves that directory behind; the
