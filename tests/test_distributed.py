@@ -173,7 +173,17 @@ def two_ranks(tmp_path_factory):
     dirs["zero"] = tmp / "zero"
     zero = ["parallel=ddp", "optimizer=bf16_states", "recipe=bf16"]
     cases.append(("zero", "run", zero, str(dirs["zero"])))
+    for strategy in ("ddp", "fsdp2"):
+        name = f"{strategy}-moe"
+        dirs[name] = tmp / name
+        cases.append((name, "run", [f"parallel={strategy}", *MOE], str(dirs[name])))
     return _spawn(2, cases, tmp), dirs, tmp
+
+
+MOE = ["model=qwen3_moe_tiny", "recipe=tensorwise", "model.moe_router_score_function=sigmoid"]
+MOE += ["model.moe_router_enable_expert_bias=true", "model.moe_z_loss_coeff=1e-3"]
+"""An MoE under a quantized recipe with every router term that crosses ranks: the expert bias is
+updated from token counts summed over the ranks, the router losses from the whole batch."""
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
@@ -190,6 +200,22 @@ def test_two_ranks_match_one_process(two_ranks, strategy, recipe):
     else:
         assert got[0] == want[0]  # the first loss only depends on the (same) initial weights
         assert got == pytest.approx(want, rel=REL)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_moe_two_ranks_match_one_process(two_ranks, strategy):
+    """Experts are replicated (DDP) or sharded (FSDP2) like any weight: the losses, router losses
+    and, under DDP, the gradient norms are those of one process, as for a dense model."""
+    _, dirs, tmp = two_ranks
+    ref, got = _single(tmp, "moe", MOE), dirs[f"{strategy}-moe"]
+    for key in ("loss/train", "moe/load_balancing_loss", "moe/z_loss"):
+        assert len(_curve(got, key)) == len(_curve(ref, key)) == 3, key
+        if strategy == "ddp":
+            assert _curve(got, key) == _curve(ref, key), key
+        else:
+            assert _curve(got, key) == pytest.approx(_curve(ref, key), rel=REL), key
+    if strategy == "ddp":
+        assert _curve(got, "optim/grad_norm") == _curve(ref, "optim/grad_norm")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
