@@ -21,20 +21,17 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-class StopSignals:
-    """SIGINT, SIGTERM and SIGHUP to the driver. While it waits on a child (the launcher, the report),
-    the first asks that child to stop (SIGTERM: local jobs checkpoint and end, Slurm jobs go on) and a
-    second kills the child's whole process group; with no child, the signal raises Interrupted."""
+class CaughtSignals:
+    """SIGINT, SIGTERM and SIGHUP caught while inside `with`: `signum` is the first one that came
+    (None while none did); the handlers before are back on exit."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self):
         self.signum: int | None = None
-        self.child: subprocess.Popen | None = None
-        self.starting = False
         self.previous: dict = {}
 
-    def __enter__(self) -> StopSignals:
+    def __enter__(self):
         for sig in self.SIGNALS:
             try:
                 self.previous[sig] = signal.signal(sig, self._handler)
@@ -47,8 +44,22 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def _handler(self, signum, frame) -> None:
-        first = self.signum is None
         self.signum = self.signum or signum
+
+
+class StopSignals(CaughtSignals):
+    """The driver's stop signals. While it waits on a child (the launcher, the report), the first asks
+    that child to stop (SIGTERM: local jobs checkpoint and end, Slurm jobs go on) and a second kills
+    the child's whole process group; with no child, the signal raises Interrupted."""
+
+    def __init__(self):
+        super().__init__()
+        self.child: subprocess.Popen | None = None
+        self.starting = False
+
+    def _handler(self, signum, frame) -> None:
+        first = self.signum is None
+        super()._handler(signum, frame)
         if self.child is not None:
             try:
                 if first:

@@ -41,6 +41,8 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from harness.multirun.stop import CaughtSignals
+
 log = logging.getLogger(__name__)
 
 LOWP_KEYS = ("sweep_name", "max_parallel", "poll_s")
@@ -309,31 +311,13 @@ class LowpSlurmLauncher(LowpLauncher):
     _EXECUTOR = "slurm"
 
 
-class _Stop:
+class _Stop(CaughtSignals):
     """Why the sweep stops early: SIGINT, SIGTERM or SIGHUP to this process, or the harness.sweep that
     started it gone (killed; this process's parent is no longer the pid it was given)."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
     def __init__(self, driver: int | None):
-        self.signum = None
+        super().__init__()
         self.driver = driver
-        self.previous = {}
-
-    def __enter__(self) -> "_Stop":
-        for sig in self.SIGNALS:
-            try:
-                self.previous[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread
-                break
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def _handler(self, signum, frame) -> None:
-        self.signum = self.signum or signum
 
     @property
     def requested(self) -> bool:
