@@ -75,6 +75,21 @@ def run_cli(args: list[str], cwd: Path = REPO, timeout: int = 300, env: dict | N
     )
 
 
+def start_train(*args: str):
+    """`python -m harness.train ARGS` started, not waited for (to be signalled or killed), its
+    stdout and stderr together in one pipe (slow tests only)."""
+    import subprocess
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.train", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 # GPU tests (marked `gpu`, next to their subjects): skipped without CUDA / Transformer Engine
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs TE")

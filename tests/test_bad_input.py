@@ -25,7 +25,7 @@ from harness.lifecycle import checkpoint as C
 from harness.lifecycle.runlock import RunLock
 from tests import faults
 from tests.faults import read_only, tmpfs
-from tests.helpers import REPO, TINY, run_main
+from tests.helpers import REPO, TINY, run_main, start_train
 from tests.test_data import random_docs, write_megatron
 
 FAST = [*TINY, "steps=4", "eval_interval=0", "log_interval=2"]
@@ -511,14 +511,7 @@ def test_cli_sigterm_then_restart_resumes(tmp_path):
     args = [*TINY, "steps=200", "checkpoint_interval=5000", "log_interval=1", "eval_interval=0"]
     args += ["data.num_tokens=200000", "eval_tokens=512", f"hydra.run.dir={tmp_path}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.train", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_train(*args)
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):

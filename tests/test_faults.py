@@ -5,7 +5,6 @@ checkpoints. Each is made for real (tests/faults.py); none is a monkeypatched ex
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -17,23 +16,11 @@ import pytest
 
 from harness.lifecycle import checkpoint as C
 from tests.faults import tmpfs
-from tests.helpers import REPO, TINY, run_cli
+from tests.helpers import REPO, TINY, run_cli, start_train
 
 pytestmark = pytest.mark.slow  # each starts `python -m harness.train`
 
 QUICK = [*TINY, "eval_interval=0", "eval_tokens=512", "log_interval=1", "data.num_tokens=20000"]
-
-
-def train(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "harness.train", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def loss_steps(run_dir: Path) -> list[int]:
@@ -82,7 +69,7 @@ def test_sigkill_inside_a_checkpoint_write_is_cleaned_up_on_restart(tmp_path):
     stopped there first, so the kill lands inside the write) leaves that directory behind; the
     restart removes it and resumes from checkpoint k-1, to the same rows as an uninterrupted run."""
     args = [*QUICK, "steps=30", "checkpoint_interval=1", "checkpoint_keep=2", f"hydra.run.dir={tmp_path}"]
-    proc = train(*args)
+    proc = start_train(*args)
     partial: list[Path] = []
     try:
         while not partial:
@@ -119,7 +106,7 @@ def test_sigterm_without_periodic_checkpoints_resumes_where_it_stopped(tmp_path)
     the step boundary, and the resume command it printed continues it (before: it started over and
     cut metrics.jsonl back to nothing)."""
     args = [*QUICK, "steps=30", "checkpoint_interval=-1", f"hydra.run.dir={tmp_path}"]
-    proc = train(*args)
+    proc = start_train(*args)
     wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and len(loss_steps(tmp_path)) >= 2, "two rows")
     proc.send_signal(signal.SIGSTOP)  # the signal then lands mid-run however fast the steps are
     proc.send_signal(signal.SIGTERM)
