@@ -17,9 +17,11 @@ from harness.config.errors import ConfigError
 from harness.lifecycle import metrics as M
 from harness.model import routing as R
 from harness.numerics import NumericsContext, QuantizedLinear
+from harness.numerics import fast as fast_paths
 from harness.numerics.int4 import fake_int4
 from harness.train import backend_spec, run
 from harness.validation.load import compose_config, prepare
+from tests import moe_paths as P
 from tests.helpers import compose_cfg
 
 BF16 = torch.bfloat16
@@ -347,3 +349,34 @@ def test_int4_scope_routed_experts_fake_quantizes_the_experts_only():
     )
     with pytest.raises(ConfigError, match="recipe.int4_scope=experts"):
         prepare(bad)
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["zero_rows", "router_padding"])
+@pytest.mark.parametrize("recipe", list(P.RECIPES))
+def test_fast_gemms_quantize_each_expert_as_the_reference_path(recipe, routed, monkeypatch):
+    """The experts' fast path (the default on CUDA; here forced on the CPU, its fused casts eager:
+    inductor's C++ build is test_fast_path.py's slow lane) makes every expert's
+    codes, scales and GEMM operands of the reference path at atol=0, and its delayed-scaling
+    histories; its GEMMs give the reference's results exactly where the operands carry their
+    scales (power-of-two scales), and within the fold's rounding where tensorwise and NVFP4 fold
+    theirs into the GEMM (harness.numerics.fast). fc1 takes zero padding rows; fc2 the router
+    padding's signed zeros. tests/test_moe_gpu.py runs the same cases on CUDA against the CPU."""
+    monkeypatch.setattr(fast_paths, "compile_available", lambda device: (False, "not compiled in this test"))
+    fc = "fc2" if routed else "fc1"
+    runs = []
+    for fast in (False, True):
+        backend, model = P.build(recipe, "cpu", fast)
+        group = getattr(model.blocks[0].mlp.experts, fc)
+        splits, steps = P.case_inputs(recipe, group, routed)
+        runs.append((backend, *P.run_group(backend, group, splits, steps, "cpu")))
+    (ref_b, want, want_codes), (fast_b, got, got_codes) = runs
+    assert len(want_codes) == 3 * 6 + 2, sorted(want_codes)  # input, weight, grad; weight only if empty
+    assert not P.code_mismatches(want_codes, got_codes)
+    assert not P.state_mismatches(ref_b, fast_b)
+    for (y, dx, dw), (y2, dx2, dw2) in zip(want, got):
+        if recipe in ("tensorwise_pow2", "blockwise", "mxfp8"):
+            assert torch.equal(y, y2) and torch.equal(dx, dx2) and torch.equal(dw, dw2)
+        else:
+            k = group.in_features
+            assert P.beyond_gemm_bound(y, y2, k) == 0 and P.beyond_gemm_bound(dx, dx2, y.shape[1]) == 0
+            assert P.beyond_gemm_bound(dw, dw2, sum(splits)) == 0

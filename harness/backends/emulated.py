@@ -207,6 +207,7 @@ class EmulatedGroupedLinear(nn.Module):
             return bf16_linear(x, weight, None, self.wgrad_fp32)
         if x.shape[0] == 0 and isinstance(quant, QuantizedLinear):
             quant.calls += 1
+            quant.set_fused(x)
             quant.quantize_weight(weight, x.requires_grad)
             return bf16_linear(x, weight, None, self.wgrad_fp32)  # (0, out); dW zeros
         return quant.linear(x, weight, None)
@@ -330,8 +331,8 @@ class EmulatedOps:
 
     def grouped_linear(self, name: str, num_gemms: int, in_features: int, out_features: int) -> nn.Module:
         """Experts quantized one by one, each a dense emulated TE Linear named `name.i` (its delayed-
-        scaling state and telemetry too), on the reference GEMMs everywhere: the fast GEMMs' grouped
-        codes are not checked against TE's on a GPU yet."""
+        scaling state and telemetry too), on the fast GEMMs where the dense linears take them (the
+        same codes and scales: tests/test_moe_recipes.py on a CPU, tests/test_moe_gpu.py on CUDA)."""
         self.backend.linear_names.append(name)
         recipe = self.backend.plan.recipe_for(name)
         quants = None
@@ -402,7 +403,7 @@ class EmulatedBackend(Backend):
                 fp8_wgrad=stab.fp8_wgrad,
                 margin=stab.fp8_margin,
                 wgrad_fp32=self.wgrad_fp32(name),
-                fast_gemm=False if expert else self.fast_paths,
+                fast_gemm=self.fast_paths,
                 **({} if expert else fused_casts(name, recipe.name, self.spec.model.activation)),
             )
         self.modules[name] = quant

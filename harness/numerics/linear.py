@@ -80,11 +80,17 @@ class QuantizedLinear:
         )
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        use_fast = self.set_fused(x)
+        return (_FastQuantizedLinearFn if use_fast else _QuantizedLinearFn).apply(x, weight, bias, self)
+
+    def set_fused(self, x: torch.Tensor) -> bool:
+        """Whether this call on x takes the fast GEMMs; the built-in quantizers fuse their casts
+        then (the same codes either way)."""
         use_fast = x.is_cuda if self.fast_gemm is None else self.fast_gemm
         for qz in self.quantizers.values():
-            if isinstance(qz, Quantizer):  # built-in ones: fused casts with the fast GEMMs
+            if isinstance(qz, Quantizer):
                 qz.fused = use_fast
-        return (_FastQuantizedLinearFn if use_fast else _QuantizedLinearFn).apply(x, weight, bias, self)
+        return use_fast
 
     def quantize_input(self, x2: torch.Tensor, need_columnwise: bool):
         row, col = quantize_pair(self.quantizers["input"], x2, True, need_columnwise)
