@@ -58,10 +58,12 @@ T = 16
 GROUP = 32
 
 
-def hf_model(case: str, dtype=torch.bfloat16):
+def hf_model(case: str, dtype=torch.bfloat16, **shape):
+    """The tiny random model of `case` (SHAPE, with `shape`'s fields in place of its own)."""
     cfg_cls, model_cls, extra = CASES[case]
     torch.manual_seed(0)
-    return getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**SHAPE, **extra)).to(dtype).eval()
+    config = getattr(transformers, cfg_cls)(**(SHAPE | shape), **extra)
+    return getattr(transformers, model_cls)(config).to(dtype).eval()
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -121,17 +123,17 @@ def test_moe_config_refusals():
 # ---- weights in ------------------------------------------------------------------------------------
 
 
-def routed_tokens(model32, n: int = 2) -> torch.Tensor:
+def routed_tokens(model32, n: int = 2, drawn: int = 8) -> torch.Tensor:
     """n sequences of T tokens whose every routing decision has the widest margin in the fp32 model
-    (the k-th minus the (k+1)-th router logit, the smallest over positions and layers), of 8 drawn."""
+    (the k-th minus the (k+1)-th router logit, the smallest over positions and layers), of `drawn`."""
     k = model32.config.num_experts_per_tok
-    idx = torch.randint(0, SHAPE["vocab_size"], (8, T), generator=torch.Generator().manual_seed(1))
+    idx = torch.randint(0, SHAPE["vocab_size"], (drawn, T), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         router = model32(idx, output_router_logits=True).router_logits
     margins = []
     for layer in router:
         top = layer.float().topk(k + 1, dim=-1).values
-        margins.append((top[:, k - 1] - top[:, k]).view(8, T).amin(dim=1))
+        margins.append((top[:, k - 1] - top[:, k]).view(drawn, T).amin(dim=1))
     best = torch.stack(margins).amin(dim=0).topk(n).indices
     return idx[best]
 
@@ -159,7 +161,14 @@ def routes(model32, backend, model, idx) -> None:
 def check_logits(model_cls: str, state_dir, hf16, backend, model):
     """lowp's forward against transformers (fp32 over the same bf16 weights, and bf16)."""
     model32 = getattr(transformers, model_cls).from_pretrained(state_dir, dtype=torch.float32).eval()
-    idx = routed_tokens(model32)
+    return logits_agree(model32, hf16, backend, model)
+
+
+def logits_agree(model32, hf16, backend, model, drawn: int = 8):
+    """lowp's forward against transformers' fp32 and bf16 models over the same weights: lowp's
+    error against the fp32 model within 2x transformers' own bf16 error, on tokens routed alike
+    (the 2 of `drawn` sequences with the widest routing margins)."""
+    idx = routed_tokens(model32, drawn=drawn)
     routes(model32, backend, model, idx)
     with torch.no_grad():
         ref, hf = model32(idx).logits, hf16(idx).logits.float()
@@ -198,10 +207,14 @@ def test_logits_match_transformers_and_both_expert_layouts_load(checkpoint):
 
 @pytest.fixture(scope="module")
 def trained(checkpoint):
-    """The checkpoint fine-tuned 3 steps in lowp (BF16): a run directory to export."""
+    """The checkpoint fine-tuned 3 steps in lowp (BF16): a run directory to export. Qwen2-MoE only:
+    tests/test_hf_moe_pipeline.py trains Qwen3-MoE and Mixtral 50 steps under every quantized
+    recipe and makes the same export checks on them."""
     from harness.train import run
 
     case, d, _ = checkpoint
+    if case != "qwen2_moe":
+        pytest.skip(f"{case}: its exports are checked after 50 quantized steps in test_hf_moe_pipeline.py")
     over = ["model=hf", f"model.hf_config={d / 'hf'}", f"init_from={d / 'hf'}", f"model.seq_length={T}"]
     over += ["backend=emulated", "logger=none", "steps=3", "log_interval=3", "eval_tokens=64"]
     over += ["micro_batch_size=2", "global_batch_size=2", "data=synthetic", "data.vocab_size=256"]
@@ -253,17 +266,11 @@ def _dequantized(d, fmt: str) -> tuple[dict, int]:
     return out, n
 
 
-@pytest.mark.parametrize("fmt", ["hf-fp8", "hf-int4"])
-def test_quantized_exports_are_lowps_quantizers_per_expert(trained, fmt):
-    """Each expert's matrices quantized on their own (FP8: 128x128 tiles, INT4: groups), router,
-    shared-expert gate and embeddings BF16; transformers over the dequantized weights against
-    lowp's forward over them. transformers' own loaders of these files are checked below: the
-    weights they hold are these dequantized tensors bit for bit."""
-    case, d = trained
-    out = d / fmt
-    export(str(d / "run"), fmt, str(out), group_size=GROUP)
-    export(str(d / "run"), "hf", str(d / "ref"))
-    bf16 = read_safetensors(str(d / "ref"))
+def check_quantized_export(case: str, out, bf16: dict, fmt: str, layers: int = 2) -> dict:
+    """The quantized export `out` against the BF16 export's tensors `bf16`: each expert's matrices
+    quantized on their own (FP8: 128x128 tiles, INT4: groups), routers, shared-expert gates,
+    embeddings and norms BF16 as trained, those kept out of the quantization config. Returns the
+    dequantized weights."""
     deq, n = _dequantized(out, fmt)
     assert sorted(deq) == sorted(bf16)
     for name, t in bf16.items():
@@ -276,14 +283,40 @@ def test_quantized_exports_are_lowps_quantizers_per_expert(trained, fmt):
             assert torch.equal(deq[name], want), name
         elif name.endswith(("gate.weight", "embed_tokens.weight", "norm.weight", "lm_head.weight")):
             assert torch.equal(deq[name], t), name  # routers, gates, embeddings, norms: BF16 as trained
-    raw = json.loads((out / "config.json").read_text())
-    experts = CASES[case][2].get("num_experts", 4)
-    sparse = 1 if case == "qwen2_moe" else 2
+    experts = len({k.split(".experts.")[1].split(".")[0] for k in bf16 if ".experts." in k})
+    sparse = sum(any(f"layers.{i}." in k and ".experts." in k for k in bf16) for i in range(layers))
     shared = 3 if case == "qwen2_moe" else 0
-    assert n == 4 * 2 + (3 * experts + shared) * sparse + 3 * (2 - sparse)
-    qc = raw.pop("quantization_config")
+    assert n == 4 * layers + (3 * experts + shared) * sparse + 3 * (layers - sparse)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
     kept = qc.get("modules_to_not_convert") or qc.get("ignore")
     assert "lm_head" in kept and any("gate" in k for k in kept)
+    return deq
+
+
+def held_weights(model, cfg) -> dict:
+    """What a transformers model holds, as lowp's state dict in bf16 (its tied head left out)."""
+    held = {
+        k: v.detach().to(torch.bfloat16)
+        for k, v in model.state_dict().items()
+        if k.endswith(("weight", "bias", "proj"))
+    }
+    if cfg.model.untie_embeddings_and_output_weights is False:
+        held.pop("lm_head.weight", None)
+    return hf_to_lowp(held, cfg.model)
+
+
+@pytest.mark.parametrize("fmt", ["hf-fp8", "hf-int4"])
+def test_quantized_exports_are_lowps_quantizers_per_expert(trained, fmt):
+    """Each expert's matrices quantized on their own; transformers over the dequantized weights
+    against lowp's forward over them. transformers' own loaders of these files are checked below:
+    the weights they hold are these dequantized tensors bit for bit."""
+    case, d = trained
+    out = d / fmt
+    export(str(d / "run"), fmt, str(out), group_size=GROUP)
+    export(str(d / "run"), "hf", str(d / "ref"))
+    deq = check_quantized_export(case, out, read_safetensors(str(d / "ref")), fmt)
+    raw = json.loads((out / "config.json").read_text())
+    raw.pop("quantization_config")
     plain = d / (fmt + "_plain")
     plain.mkdir(exist_ok=True)
     (plain / "config.json").write_text(json.dumps(raw))
@@ -320,10 +353,7 @@ def test_fp8_export_loads_through_transformers_finegrained_fp8(trained):
     )
     assert type(m).__name__ == CASES[case][1]
     cfg, _, _ = lowp_model(d / "hf")
-    held = {k: v.detach().to(torch.bfloat16) for k, v in m.state_dict().items()}
-    if cfg.model.untie_embeddings_and_output_weights is False:
-        held.pop("lm_head.weight", None)
-    got, want = hf_to_lowp(held, cfg.model), hf_to_lowp(_dequantized(out, "hf-fp8")[0], cfg.model)
+    got, want = held_weights(m, cfg), hf_to_lowp(_dequantized(out, "hf-fp8")[0], cfg.model)
     assert sorted(got) == sorted(want)
     assert all(torch.equal(got[k], want[k]) for k in want), [
         k for k in want if not torch.equal(got[k], want[k])
@@ -343,13 +373,23 @@ def test_int4_export_loads_through_transformers_compressed_tensors(trained):
         m(torch.zeros(1, 4, dtype=torch.long))
     assert type(m).__name__ == CASES[case][1]
     cfg, _, _ = lowp_model(d / "hf")
-    held = {
-        k: v.detach().to(torch.bfloat16)
-        for k, v in m.state_dict().items()
-        if k.endswith(("weight", "bias", "proj"))
-    }
-    got, want = hf_to_lowp(held, cfg.model), hf_to_lowp(_dequantized(out, "hf-int4")[0], cfg.model)
+    got, want = held_weights(m, cfg), hf_to_lowp(_dequantized(out, "hf-int4")[0], cfg.model)
     assert sorted(got) == sorted(want)
     assert all(torch.equal(got[k], want[k]) for k in want), [
         k for k in want if not torch.equal(got[k], want[k])
     ]
+
+
+def test_int4_export_refuses_a_group_that_splits_a_width(trained, capsys):
+    """Qwen2-MoE's dense first layer has 96 inputs to down_proj: a group of 64 leaves a partial
+    group, which compressed-tensors' loader cannot decompress; refused before anything is written,
+    with the group that fits every quantized width."""
+    _, d = trained
+    out = d / "int4_g64"
+    assert main([str(d / "run"), "--format", "hf-int4", "--group-size", "64", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: --format=hf-int4 with group size 64 (--group-size): ") and err.count("\n") == 1
+    )
+    assert "has 96 inputs, not a multiple of 64" in err and "use --group-size=32" in err, err
+    assert not out.exists()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -227,6 +228,22 @@ def int4_dequantize(packed, scale, shape, group: int) -> torch.Tensor:
     return (q * s).to(torch.bfloat16)
 
 
+def check_int4_groups(hf_sd: dict, group: int, source: str) -> None:
+    """compressed-tensors' group strategy reads whole groups only (a weight whose input width is not
+    a multiple of the group fails to decompress in transformers): refused before anything is written,
+    naming the largest group that divides every quantized width."""
+    widths = {name: t.shape[-1] for name, t in hf_sd.items() if _quantizable(name)}
+    bad = next((name for name, width in widths.items() if width % group), None)
+    if bad is None:
+        return
+    fits = math.gcd(*widths.values())
+    fits = max(g for g in range(1, min(fits, group) + 1) if fits % g == 0 and g & (g - 1) == 0)
+    raise ExportError(
+        f"--format=hf-int4 with group size {group} ({source}): {bad} has {widths[bad]} inputs, not a "
+        f"multiple of {group}, which compressed-tensors cannot read; use --group-size={fits}"
+    )
+
+
 def _quantizable(name: str) -> bool:
     return name.endswith(".weight") and name.split(".")[-2] in QUANTIZED
 
@@ -295,6 +312,8 @@ def export(
     # the blockwise recipe's preset scales (power-of-two, TE's Float8BlockScaling default) unless asked
     power_2 = recipes.default_fields("blockwise").power_2_scales if fp32_scales is None else not fp32_scales
     sd = lowp_to_hf(run_weights(rd), m)
+    if fmt == "hf-int4":
+        check_int4_groups(sd, group, "--group-size" if group_size else "the run's recipe.int4_group_size")
     tensors = quantize_state(sd, fmt, power_2, group)
     hf_cfg.architectures = [arch]
     qc = quantization_config(fmt, group, moe=bool(m.num_moe_experts))
