@@ -133,7 +133,35 @@ def _case_resume(overrides, run_dir):
     return {"status": "completed"}
 
 
-CASES = {"run": _case_run, "amax": _case_amax, "resume": _case_resume}
+def _case_moe_empty_expert(overrides, run_dir):
+    """One forward and backward of block 0's fc1 experts (delayed scaling) in which expert 1 has
+    rows on rank 0 only: every rank's history rows and scales of experts 0 and 1 afterwards."""
+    from harness.parallel import process as D
+    from harness.train import Trainer
+
+    cfg = load(BASE + overrides)
+    dist = D.Dist(D.launch_env(), cfg.parallel.strategy, None, "gloo")
+    trainer = Trainer(cfg, run_dir, dist=dist)
+    group = next(m for n, m in trainer.model.named_modules() if n.endswith("blocks.0.mlp.experts.fc1"))
+    rank = torch.distributed.get_rank()
+    splits = [16, 16 if rank == 0 else 0] + [0] * (group.num_gemms - 2)
+    g = torch.Generator().manual_seed(rank)
+    x = (torch.randn(sum(splits), group.in_features, generator=g) * (rank + 1)).to(torch.bfloat16)
+    x.requires_grad_(True)
+    numerics = trainer.backend.numerics
+    with numerics.autocast():
+        y = group(x, splits)
+    y.backward(torch.randn(y.shape, generator=g).to(y.dtype))
+    return {
+        str(e): {
+            d: (states[f"{group.name}.{e}"].amax_history.tolist(), states[f"{group.name}.{e}"].scale.tolist())
+            for d, states in (("forward", numerics.forward_states), ("backward", numerics.backward_states))
+        }
+        for e in (0, 1)
+    }
+
+
+CASES = {"run": _case_run, "amax": _case_amax, "resume": _case_resume, "moe_empty": _case_moe_empty_expert}
 
 
 def _spawn(world: int, cases: list, tmp: Path) -> dict:
@@ -177,6 +205,9 @@ def two_ranks(tmp_path_factory):
         name = f"{strategy}-moe"
         dirs[name] = tmp / name
         cases.append((name, "run", [f"parallel={strategy}", *MOE], str(dirs[name])))
+    dirs["moe-empty"] = tmp / "moe-empty"
+    empty = ["parallel=ddp", "model=qwen3_moe_tiny", "recipe=delayed", "recipe.fp8_amax_history_len=4"]
+    cases.append(("moe-empty", "moe_empty", empty, str(dirs["moe-empty"])))
     return _spawn(2, cases, tmp), dirs, tmp
 
 
@@ -216,6 +247,21 @@ def test_moe_two_ranks_match_one_process(two_ranks, strategy):
             assert _curve(got, key) == pytest.approx(_curve(ref, key), rel=REL), key
     if strategy == "ddp":
         assert _curve(got, "optim/grad_norm") == _curve(ref, "optim/grad_norm")
+
+
+def test_an_expert_empty_on_one_rank_rolls_on_both(two_ranks):
+    """docs/numerics_grouped.md §7: the ranks' amaxes are reduced (MAX) before each update, so an
+    expert that saw tokens on rank 0 only rolls its input and grad histories on rank 1 too, to rank
+    0's amax (alone it would neither roll nor rescale: tests/test_moe_recipes.py); both ranks end
+    with the same histories and scales."""
+    results, _, _ = two_ranks
+    mine, theirs = results[0]["moe-empty"], results[1]["moe-empty"]
+    assert mine == theirs
+    for e in ("0", "1"):
+        (fwd_hist, fwd_scale), (bwd_hist, bwd_scale) = mine[e]["forward"], mine[e]["backward"]
+        assert fwd_hist[-1][0] > 0 and fwd_hist[-1][1] > 0 and bwd_hist[-1][0] > 0  # input, weight, grad
+        assert fwd_hist[-2] == [0.0, 0.0] and fwd_scale[0] != 1.0 and bwd_scale[0] != 1.0
+    assert mine["0"]["forward"][0][-1][0] != mine["1"]["forward"][0][-1][0]  # each expert its own amax
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])

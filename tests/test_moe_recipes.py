@@ -380,3 +380,55 @@ def test_fast_gemms_quantize_each_expert_as_the_reference_path(recipe, routed, m
             k = group.in_features
             assert P.beyond_gemm_bound(y, y2, k) == 0 and P.beyond_gemm_bound(dx, dx2, y.shape[1]) == 0
             assert P.beyond_gemm_bound(dw, dw2, sum(splits)) == 0
+
+
+def test_nvfp4_one_token_expert_rht_chunk_is_its_row_over_four():
+    """docs/numerics_grouped.md §7: under NVFP4 an expert with one token is padded to 128 rows; its
+    grad's wgrad (columnwise) copy transforms the 16-row chunk of that token and 15 zero rows, where
+    each output has one nonzero product: the token's gradient / 4, exactly, in all 16 rows (the
+    first Hadamard row and sign are +1); the chunks of zero rows stay zero."""
+    from harness.numerics.nvfp4 import rht_tokens
+
+    backend, model = P.build("nvfp4", "cpu", False)
+    group = model.blocks[0].mlp.experts.fc1
+    codes = P.record_codes(backend)
+    g = torch.Generator().manual_seed(8)
+    x = torch.zeros(128, group.in_features, dtype=BF16)
+    dy = torch.zeros(128, group.out_features, dtype=BF16)
+    x[0] = torch.randn(group.in_features, generator=g).to(BF16)
+    dy[0] = (torch.randn(group.out_features, generator=g) / 8).to(BF16)
+    with backend.autocast():
+        y = group(x.requires_grad_(True), [128] + [0] * (group.num_gemms - 1))
+    y.backward(dy)
+    transformed = rht_tokens(dy)
+    assert torch.equal(transformed[:16], (dy[0].float() / 4).to(BF16).expand(16, -1))
+    assert not transformed[16:].any()
+    [(_, wgrad_copy)] = codes[(f"{group.name}.0", "grad")]
+    assert wgrad_copy.rht
+    deq = wgrad_copy.dequantize()  # (128, N): the transformed rows, quantized
+    assert torch.equal(deq[:16], deq[:1].expand(16, -1)) and not deq[16:].any()
+    assert deq[0].abs().max() > 0
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8", "nvfp4"])
+def test_router_padding_signed_zeros_keep_their_sign_in_fc2_input_codes(recipe):
+    """docs/numerics_grouped.md §5: under router padding a token at probability 0 reaches fc2 as
+    act(h) * 0, a signed zero; every cast keeps the sign (E4M3 code 0x80, E2M1 -0), as TE's
+    per-tensor cast does; +0.0 stays 0x00. Both dequantize to zero."""
+    backend, model = P.build(recipe, "cpu", False)
+    group = model.blocks[0].mlp.experts.fc2
+    splits, steps = P.case_inputs(recipe, group, routed=True, steps=1)
+    _, codes = P.run_group(backend, group, splits, steps, "cpu")
+    x = steps[0][0]
+    for e, rows in enumerate(x.split(splits)):
+        if not len(rows):
+            continue
+        [(row, _)] = codes[(f"{group.name}.{e}", "input")]
+        zero = rows == 0
+        negative = zero & torch.signbit(rows)
+        assert negative.any() and (zero & ~negative).any(), e
+        if recipe == "nvfp4":
+            signs = torch.signbit(row.elems[: rows.shape[0], : rows.shape[1]])
+        else:
+            signs = row.data.view(torch.uint8)[: rows.shape[0], : rows.shape[1]] == 0x80
+        assert torch.equal(signs[zero], negative[zero]), e
