@@ -16,6 +16,8 @@ The run is fixed here, not in the test, so the test and the generator cannot dri
 The CPU's matrix units change the last bits: on a CPU with AMX (Sapphire Rapids and later) oneDNN's
 bf16 GEMMs round differently from the AVX-512/AVX2 kernels, so such a machine has curves of its own,
 `<name>_tiny_cpu.amx.txt`, made from the same code as the plain ones (`platform()` picks the file).
+The MoE cases' AMX curves were made on an AMX Xeon (torch 2.11) that reproduced every stored dense
+`.amx` curve bit for bit in the same call.
 """
 
 from __future__ import annotations
@@ -48,6 +50,35 @@ CASES: dict[str, list[str]] = {
     ],
     "delayed_fp8_states": ["recipe=delayed", "stability.fp8_margin=1", "optimizer=fp8_states"],
 }
+# the same run on the tiny MoE presets: every recipe on qwen3_moe_tiny's routed experts (INT4 QAT on
+# them alone, miles' scope), and mixtral_tiny under delayed scaling with a sigmoid router, its expert
+# bias and Megatron's router padding (per-expert histories, bias updates, routed padding rows)
+MOE = ["model=qwen3_moe_tiny"]
+CASES |= {f"moe_{name}": [*MOE, f"recipe={name}"] for name in ("bf16", "delayed", "tensorwise", "blockwise")}
+CASES |= {f"moe_{name}": [*MOE, f"recipe={name}"] for name in ("mxfp8", "nvfp4")}
+CASES["moe_int4_qat"] = [*MOE, "recipe=int4_qat", "recipe.int4_scope=routed_experts"]
+CASES["moe_mixtral_delayed_bias_routed"] = [
+    "model=mixtral_tiny",
+    "recipe=delayed",
+    "model.moe_router_score_function=sigmoid",
+    "model.moe_router_enable_expert_bias=true",
+    "model.moe_router_padding_for_quantization=true",
+]
+
+
+def overrides(name: str) -> list[str]:
+    """The run of case `name`: RUN with the case's overrides (its model in place of gpt_tiny)."""
+    case = CASES[name]
+    own_model = any(o.startswith("model=") for o in case)
+    return [o for o in RUN if not (own_model and o.startswith("model="))] + case
+
+
+def baseline(name: str) -> str | None:
+    """The BF16 case on the same model, which a recipe that fell back to BF16 would reproduce (None:
+    no BF16 case of that model)."""
+    if name in ("bf16", "moe_bf16") or name.startswith("moe_mixtral"):
+        return None
+    return "moe_bf16" if name.startswith("moe_") else "bf16"
 
 
 def platform() -> str:
@@ -75,7 +106,7 @@ def curve(name: str) -> list[tuple[int, float]]:
     torch.set_num_threads(1)  # reductions split over threads may round differently
     try:
         with tempfile.TemporaryDirectory() as d:
-            summary = run(compose_cfg(*RUN, *CASES[name]), Path(d))
+            summary = run(compose_cfg(*overrides(name)), Path(d))
             rows = [json.loads(line) for line in (Path(d) / "metrics.jsonl").read_text().splitlines()]
     finally:
         torch.set_num_threads(threads)
