@@ -76,6 +76,7 @@ def _megatron_verdict(argv: list[str], fields: dict) -> dict:
             stage = "TransformerConfig"
             for name, value in fields.items():
                 setattr(args, name, value)
+            skipped = _without_te_kernels(args)
             config = core_transformer_config_from_args(args)
             stage = "OptimizerConfig"
             get_megatron_optimizer_config(args)
@@ -83,7 +84,7 @@ def _megatron_verdict(argv: list[str], fields: dict) -> dict:
             get_megatron_ddp_config(args)
             stage = "TE recipe"
             te_recipe = _te_recipe(config)
-        return {"ok": True, "te_recipe": te_recipe}
+        return {"ok": True, "te_recipe": te_recipe, **skipped}
     except SystemExit as exc:  # argparse: unknown flag or bad value
         return {"ok": False, "stage": stage, "error": f"exit {exc.code}: {sink.getvalue()[-400:].strip()}"}
     except BaseException as exc:  # noqa: BLE001 - Megatron refuses with asserts, ValueError, TypeError...
@@ -92,6 +93,16 @@ def _megatron_verdict(argv: list[str], fields: dict) -> dict:
         # optimizer's FusedAdam): those cases are not checked there
         unchecked = not _has_te() and ("TransformerEngine" in error or "Transformer Engine" in error)
         return {"ok": None if unchecked else False, "stage": stage, "error": error}
+
+
+def _without_te_kernels(args) -> dict:
+    """Without TE (a CPU check), turn off the fused RoPE that Megatron's TransformerConfig refuses
+    to build without TE's kernel (transformer_config.py:2498-2520, on by default): its MoE and
+    recipe rules come after it. Returns what was turned off, for the verdict."""
+    if _has_te() or not args.apply_rope_fusion or args.position_embedding_type != "rope":
+        return {}
+    args.apply_rope_fusion = False
+    return {"cpu_without": ["apply_rope_fusion"]}
 
 
 def _has_te() -> bool:
@@ -117,10 +128,37 @@ def _te_recipe(config) -> str | None:
     return None
 
 
+def cpu_answers() -> dict:
+    """What a check without GPU and TE answers for them, as the exported command would find them:
+    the Hopper compute capability (validate_args asks it for --moe-grouped-gemm, arguments.py:
+    1378-1380) and the TE version lowp targets (backend.te_version; TransformerConfig asks it for
+    FP8 MoE, transformer_config.py:2627-2639, and validate_args for FP4, arguments.py:1108-1109).
+    What needs TE itself (its kernels, FusedAdam, recipe objects) stays unchecked."""
+    from harness.config.schema import BackendConfig
+
+    return {"compute_capability": [9, 0], "te_version": BackendConfig().te_version}
+
+
+def _answer_for_the_gpu(answers: dict) -> None:
+    """In the child, without a GPU or TE: Megatron's device and TE-version queries get `answers`."""
+    import torch
+
+    if not torch.cuda.is_available():
+        capability = tuple(answers["compute_capability"])
+        torch.cuda.get_device_capability = lambda device=None: capability
+    if not _has_te():
+        import megatron.core.utils as mcore_utils
+        from packaging.version import Version
+
+        mcore_utils._te_version = Version(answers["te_version"])  # get_te_version's cache
+
+
 def child_main() -> None:
-    """stdin: a JSON list of [argv, fields]; stdout (last line): a JSON list of verdicts."""
-    items = json.loads(sys.stdin.read())
-    verdicts = [_megatron_verdict(argv, fields) for argv, fields in items]
+    """stdin: {"answers": cpu_answers(), "items": [[argv, fields], ...]}; stdout (last line): a JSON
+    list of verdicts."""
+    job = json.loads(sys.stdin.read())
+    _answer_for_the_gpu(job["answers"])
+    verdicts = [_megatron_verdict(argv, fields) for argv, fields in job["items"]]
     sys.stdout.write("\n" + json.dumps(verdicts) + "\n")
 
 
@@ -143,7 +181,8 @@ def megatron_verdicts(items: list, megatron: Path, python: str, jobs: int) -> li
         )
         for _ in chunks
     ]
-    outs = [p.communicate(json.dumps(c)) for p, c in zip(procs, chunks, strict=True)]
+    jobs_in = [json.dumps({"answers": cpu_answers(), "items": c}) for c in chunks]
+    outs = [p.communicate(job) for p, job in zip(procs, jobs_in, strict=True)]
     results: list[list[dict]] = []
     for p, (out, err) in zip(procs, outs, strict=True):
         if p.returncode != 0:

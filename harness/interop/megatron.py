@@ -25,7 +25,7 @@ import textwrap
 from harness import recipes
 from harness.config.errors import ConfigError
 from harness.config.schema import Config, RecipeConfig
-from harness.interop.megatron_arch import UNTIE, architecture_flags
+from harness.interop.megatron_arch import UNTIE, architecture_flags, moe_flags
 
 Flag = tuple[str, object]  # (flag, value); value None for a store_true flag
 Part = tuple[list[Flag], list[str]]  # (flags, `#` comment lines)
@@ -159,7 +159,7 @@ def model_flags(cfg: Config) -> Part:
             f"# model.lm_head_loss_chunks={m.lm_head_loss_chunks} has no Megatron flag: Megatron "
             "makes the whole logits (--cross-entropy-loss-fusion fuses the loss kernel only)"
         )
-    flags = architecture_flags(m, flags)
+    flags = architecture_flags(m, flags) + moe_flags(m)
     if _fsdp2(cfg) and not m.untie_embeddings_and_output_weights:
         flags.append((UNTIE, None))  # arguments.py:1044-1045 asserts it under --use-torch-fsdp2
         notes.append(

@@ -159,13 +159,15 @@ def _expert_override_errors(cfg: Config) -> list[str]:
 
 
 def moe_export_errors(cfg: Config) -> list[str]:
-    """The Megatron export does not write the MoE flags yet: refused rather than exported dense."""
-    n = cfg.model.num_moe_experts
-    if n is None:
+    """What the Megatron export cannot print for an MoE model (harness.interop.megatron_arch.moe_flags
+    prints the rest): biases, which lowp's MoE layers do not have, so there is no lowp model to hold
+    Megatron's against (Megatron's own experts would need --no-bias-dropout-fusion, experts.py:205-207)."""
+    m = cfg.model
+    if m.num_moe_experts is None or not m.add_bias_linear:
         return []
     return [
-        f"model.num_moe_experts={n}: harness.megatron does not export MoE models yet (it would print a "
-        "dense model's flags); export a dense model"
+        "model.add_bias_linear=true with model.num_moe_experts: lowp's MoE layers have no biases (as "
+        "Qwen2/3-MoE and Mixtral), so there is no lowp model to export; set model.add_bias_linear=false"
     ]
 
 
