@@ -4,15 +4,19 @@
     python -m benchmarks.megatron_lm pretrain --megatron DIR --out OUT [--recipes bf16,tensorwise]
         [--iters 20] [--timeout 240]
 
-`check` exports every case of the preset x recipe x knob sweep (harness.validation.reference_sweep),
-accepted by lowp or not, and feeds each distinct flag list to Megatron-LM's own `parse_args` +
-`validate_args`, then builds its TransformerConfig, OptimizerConfig and DDP config from the
-parsed args and, where Transformer Engine is importable, Megatron's TE recipe object. It writes
+`check` exports every case of the preset x recipe x knob sweep (harness.validation.reference_sweep,
+the MoE model presets x recipe x MoE knob included), accepted by lowp or not, and feeds each distinct
+flag list to Megatron-LM's own `parse_args` + `validate_args`, then builds its TransformerConfig,
+OptimizerConfig and DDP config from the parsed args and, where Transformer Engine is importable,
+Megatron's TE recipe object. It writes
 OUT/check.json: per case lowp's verdict and Megatron's (the stage that refused and its message),
 and the two kinds of disagreement: lowp accepts what Megatron refuses (a lowp bug), lowp refuses
 what Megatron accepts (lowp stricter: its message says what Megatron would do). Megatron runs in
 a child process of `--python` (default: this interpreter) with DIR on its path; it needs torch,
-numpy, packaging and triton (no GPU).
+numpy, packaging and triton (no GPU), and Python >= 3.12 for Megatron-LM d98e8a6 (`typing.override`).
+Without a GPU or TE the child answers Megatron's compute-capability and TE-version queries as the
+exported command's Hopper and TE 2.20.2 would, and builds the TransformerConfig without the fused
+RoPE kernel TE provides (both are in check.json); what needs TE itself stays unchecked.
 
 `pretrain` prints `python -m harness.megatron experiment=h200_1b recipe=R steps=ITERS --format
 sh` for each recipe, runs that command as printed (MEGATRON_LM=DIR, one GPU), then lowp's own
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,7 +187,8 @@ def megatron_verdicts(items: list, megatron: Path, python: str, jobs: int) -> li
         for _ in chunks
     ]
     jobs_in = [json.dumps({"answers": cpu_answers(), "items": c}) for c in chunks]
-    outs = [p.communicate(job) for p, job in zip(procs, jobs_in, strict=True)]
+    with ThreadPoolExecutor(len(procs)) as pool:  # one communicate() at a time would run them in turn
+        outs = list(pool.map(lambda p, job: p.communicate(job), procs, jobs_in))
     results: list[list[dict]] = []
     for p, (out, err) in zip(procs, outs, strict=True):
         if p.returncode != 0:
@@ -193,6 +199,21 @@ def megatron_verdicts(items: list, megatron: Path, python: str, jobs: int) -> li
         for k, v in enumerate(chunk_result):
             verdicts[j + k * jobs] = v
     return verdicts
+
+
+def _counts(cases: list[dict]) -> dict:
+    """The verdict counts of a subset of the cases (the MoE presets')."""
+    lowp_ok = [c["lowp_refuses"] is None for c in cases]
+    mg_ok = [c["megatron"]["ok"] for c in cases]
+    return {
+        "cases": len(cases),
+        "lowp_accepts": sum(lowp_ok),
+        "megatron_accepts": sum(m is True for m in mg_ok),
+        "unchecked_without_te": sum(m is None for m in mg_ok),
+        "lowp_accepts_megatron_refuses": sum(lo and m is False for lo, m in zip(lowp_ok, mg_ok, strict=True)),
+        "lowp_stricter": sum(not lo and m is True for lo, m in zip(lowp_ok, mg_ok, strict=True)),
+        "both_refuse": sum(not lo and m is False for lo, m in zip(lowp_ok, mg_ok, strict=True)),
+    }
 
 
 def check(args) -> dict:
@@ -224,6 +245,9 @@ def check(args) -> dict:
         "lowp_accepts_megatron_refuses": accepts_refused,
         "lowp_stricter": stricter,
         "both_refuse": sum(c["lowp_refuses"] is not None and c["megatron"]["ok"] is False for c in cases),
+        "moe": _counts([c for c in cases if c["case"].startswith("model=")]),
+        "answered_without_gpu_or_te": cpu_answers(),
+        "fused_rope_off_without_te": sum("cpu_without" in c["megatron"] for c in cases),
         "seconds": round(time.time() - t0, 1),
         "all": [{k: c[k] for k in ("case", "lowp_refuses", "megatron")} for c in cases],
     }
@@ -234,6 +258,12 @@ def check(args) -> dict:
         f"{report['lowp_accepts']}, Megatron accepts {report['megatron_accepts']}; lowp accepts what "
         f"Megatron refuses: {len(accepts_refused)}; lowp stricter: {len(stricter)}; unchecked "
         f"{report['unchecked_without_te']} -> {args.out / 'check.json'}"
+    )
+    moe = report["moe"]
+    print(
+        f"[megatron_lm] of which MoE presets: {moe['cases']} cases, lowp accepts {moe['lowp_accepts']}, "
+        f"Megatron accepts {moe['megatron_accepts']}; lowp accepts what Megatron refuses: "
+        f"{moe['lowp_accepts_megatron_refuses']}; lowp stricter: {moe['lowp_stricter']}"
     )
     for c in accepts_refused[:20]:
         v = c["megatron"]

@@ -57,11 +57,25 @@ def moe_errors(cfg: Config) -> list[str]:
             "an FP8/FP4 recipe's alignment (Megatron refuses it without one); use one or set it false"
         )
     if m.moe_shared_expert_intermediate_size is not None and m.add_bias_linear:
-        errs.append(  # shared_experts.py: SharedExpertMLP asserts add_bias_linear == False
+        errs.append(  # shared_experts.py:124: SharedExpertMLP asserts add_bias_linear == False
             "model.moe_shared_expert_intermediate_size with model.add_bias_linear=true: Megatron's shared "
             "expert has no biases; set model.add_bias_linear=false"
         )
-    return errs
+    return errs + _grouped_gemm_errors(cfg)
+
+
+def _grouped_gemm_errors(cfg: Config) -> list[str]:
+    """Megatron's experts are TE GroupedLinear (--moe-grouped-gemm), whose kernels validate_args
+    asserts compute capability >= 8.0 for (megatron/training/arguments.py:1378-1380)."""
+    hw = cfg.hardware
+    if hw.compute_capability is None or hw.compute_capability >= 8.0:
+        return []
+    return [
+        f"model.num_moe_experts={cfg.model.num_moe_experts} with hardware={hw.name} (compute capability "
+        f"{hw.compute_capability}): "
+        "Megatron's grouped GEMM experts (--moe-grouped-gemm) need compute capability >= 8.0; use "
+        "an A100 or later (hardware=a100, h100, h200, b200)"
+    ]
 
 
 def _size_errors(m: ModelConfig) -> list[str]:
