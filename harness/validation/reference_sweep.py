@@ -230,12 +230,16 @@ def moe_label(model: str, recipe: str, knob: str) -> str:
 
 
 def cases() -> Iterator[tuple[str, Config]]:
-    """(label, Config) for every preset x recipe x knob set, then every MoE preset x recipe x MoE
-    knob set."""
+    """(label, Config) for every preset x recipe x knob set, then every MoE case."""
     for preset in presets():
         for recipe in recipes():
             for knob in KNOBS:
                 yield label(preset, recipe, knob), build(preset, recipe, knob)
+    yield from moe_cases()
+
+
+def moe_cases() -> Iterator[tuple[str, Config]]:
+    """(label, Config) for every MoE model preset x recipe x MoE knob set."""
     for model in moe_presets():
         for recipe in recipes():
             for knob in MOE_KNOBS:
