@@ -58,8 +58,21 @@ def moe_part(argv: list[str]) -> dict[str, str | None]:
     return {k: v for k, v in pairs(argv).items() if k.startswith(("--moe-", "--num-experts"))}
 
 
-def test_every_moe_preset_has_its_expected_flags():
-    assert set(sweep.moe_presets()) == set(PRESET_FLAGS)
+@pytest.mark.parametrize("preset", sweep.moe_presets())
+def test_every_moe_preset_exports_its_shape(preset):
+    """Every MoE model preset (later slices too): the experts' shape and router as composed."""
+    m = compose_cfg(f"model={preset}").model
+    got = moe_part(megatron_args(compose_cfg(f"model={preset}"))[0])
+    assert got["--num-experts"] == str(m.num_moe_experts)
+    assert got["--moe-ffn-hidden-size"] == str(m.moe_ffn_hidden_size or m.ffn_hidden_size)
+    assert got["--moe-router-topk"] == str(m.moe_router_topk)
+    assert got["--moe-aux-loss-coeff"] == repr(float(m.moe_aux_loss_coeff))
+    assert got.get("--moe-router-dtype") == m.moe_router_dtype
+    assert "--moe-grouped-gemm" in got and got["--moe-token-dispatcher-type"] == "alltoall"
+
+
+def test_the_tiny_moe_presets_are_in_the_sweep():
+    assert set(PRESET_FLAGS) <= set(sweep.moe_presets())
 
 
 @pytest.mark.parametrize("preset", sorted(PRESET_FLAGS))
