@@ -9,9 +9,11 @@ Megatron's, so the mapping is rename-free. Recipe flags are printed as the guide
 model shape and the run control (iterations, batch, eval, seed, data, dropout 0) always, other
 values only where lowp's differ from Megatron's argparse defaults. Floats print as `repr`, so they
 round-trip exactly. Under `parallel=fsdp2` the flags follow the rules of Megatron's `--use-torch-fsdp2`
-(docs/validation_rules.md): what lowp's FSDP2 run keeps and Megatron's cannot is a `#` line. The
-config is validated first, with the rules Megatron-LM and TE enforce (docs/validation_rules.md); a
-refused config, or one Megatron cannot express, exits with code 2.
+(docs/validation_rules.md): what lowp's FSDP2 run keeps and Megatron's cannot is a `#` line. An MoE
+model prints Megatron's MoE flags (`--num-experts`, `--moe-*`, `--moe-grouped-gemm`, the alltoall
+dispatcher; harness.interop.megatron_arch.moe_flags). The config is validated first, with the
+rules Megatron-LM and TE enforce (docs/validation_rules.md); a refused config, or one Megatron cannot
+express, exits with code 2.
 """
 
 from __future__ import annotations

@@ -82,10 +82,11 @@ def moe_flags(m: ModelConfig) -> list[tuple[str, object]]:
         ("--moe-router-load-balancing-type", m.moe_router_load_balancing_type),
         ("--moe-aux-loss-coeff", float(m.moe_aux_loss_coeff)),
     ]
+    shared = m.moe_shared_expert_intermediate_size is not None
     switches = {
         "--moe-router-pre-softmax": m.moe_router_pre_softmax,
         "--moe-router-enable-expert-bias": m.moe_router_enable_expert_bias,
-        "--moe-shared-expert-gate": m.moe_shared_expert_gate and m.moe_shared_expert_intermediate_size,
+        "--moe-shared-expert-gate": m.moe_shared_expert_gate and shared,
         "--moe-router-padding-for-quantization": m.moe_router_padding_for_quantization,
     }
     out += [(flag, None) for flag, on in switches.items() if on]
