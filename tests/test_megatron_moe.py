@@ -58,17 +58,17 @@ def moe_part(argv: list[str]) -> dict[str, str | None]:
     return {k: v for k, v in pairs(argv).items() if k.startswith(("--moe-", "--num-experts"))}
 
 
-@pytest.mark.parametrize("preset", sweep.moe_presets())
-def test_every_moe_preset_exports_its_shape(preset):
+def test_every_moe_preset_exports_its_shape():
     """Every MoE model preset (later slices too): the experts' shape and router as composed."""
-    m = compose_cfg(f"model={preset}").model
-    got = moe_part(megatron_args(compose_cfg(f"model={preset}"))[0])
-    assert got["--num-experts"] == str(m.num_moe_experts)
-    assert got["--moe-ffn-hidden-size"] == str(m.moe_ffn_hidden_size or m.ffn_hidden_size)
-    assert got["--moe-router-topk"] == str(m.moe_router_topk)
-    assert got["--moe-aux-loss-coeff"] == repr(float(m.moe_aux_loss_coeff))
-    assert got.get("--moe-router-dtype") == m.moe_router_dtype
-    assert "--moe-grouped-gemm" in got and got["--moe-token-dispatcher-type"] == "alltoall"
+    for preset in sweep.moe_presets():
+        m = compose_cfg(f"model={preset}").model
+        got = moe_part(megatron_args(compose_cfg(f"model={preset}"))[0])
+        assert got["--num-experts"] == str(m.num_moe_experts), preset
+        assert got["--moe-ffn-hidden-size"] == str(m.moe_ffn_hidden_size or m.ffn_hidden_size), preset
+        assert got["--moe-router-topk"] == str(m.moe_router_topk), preset
+        assert got["--moe-aux-loss-coeff"] == repr(float(m.moe_aux_loss_coeff)), preset
+        assert got.get("--moe-router-dtype") == m.moe_router_dtype, preset
+        assert "--moe-grouped-gemm" in got and got["--moe-token-dispatcher-type"] == "alltoall", preset
 
 
 def test_the_tiny_moe_presets_are_in_the_sweep():
@@ -150,7 +150,7 @@ def test_integer_layer_freq_and_default_bias_rate():
         (
             ["model.add_bias_linear=true"],
             ["model.add_bias_linear=true", "no biases", "set model.add_bias_linear=false"],
-        ),  # noqa: E501
+        ),
         (
             ["hardware=h100", "hardware.compute_capability=7.5"],
             ["model.num_moe_experts=4 with hardware=h100", "--moe-grouped-gemm", ">= 8.0"],
@@ -162,6 +162,7 @@ def test_integer_layer_freq_and_default_bias_rate():
         (["model.moe_router_enable_expert_bias=true"], ["needs model.moe_router_score_function=sigmoid"]),
         (["model.moe_router_topk=1"], ["model.moe_router_pre_softmax=true"]),
     ],
+    ids=["biases", "capability_7_5", "padding_under_bf16", "expert_bias_softmax", "top1_softmax"],
 )
 def test_export_refusals_are_one_line_naming_the_option(capsys, overrides, words):
     code, err = run_main(capsys, main, "harness.megatron", "model=mixtral_tiny", *overrides)
