@@ -200,3 +200,17 @@ def test_reference_sweep_holds_every_moe_preset_x_recipe():
     }
     assert padded["recipe=bf16"] and padded["recipe=int4_qat"]  # Megatron refuses both too
     assert padded["recipe=tensorwise"] is None and padded["recipe=nvfp4"] is None
+
+
+def test_router_padding_says_where_megatrons_alignment_differs():
+    """Megatron aligns every FP4 recipe to 128 tokens; lowp's custom recipe to 16, and the router's
+    padding tokens reach the quantizers: a `#` line says so; the shipped recipes agree."""
+    pad = ("model=qwen3_moe_tiny", "model.moe_router_padding_for_quantization=true")
+    factory = f"recipe.quantizer_factory={sweep.EXAMPLE_FACTORY}"
+    cfg = compose_cfg(*pad, "recipe=custom", factory, "recipe.fp8=null", "recipe.fp4=e2m1")
+    notes = " ".join(megatron_args(cfg)[1])
+    assert "Megatron aligns each expert's tokens to 128" in notes and "lowp to 16" in notes
+    for recipe in ("delayed", "mxfp8", "nvfp4"):
+        assert not any(
+            "aligns each expert" in n for n in megatron_args(compose_cfg(*pad, f"recipe={recipe}"))[1]
+        )

@@ -162,6 +162,8 @@ def model_flags(cfg: Config) -> Part:
             "makes the whole logits (--cross-entropy-loss-fusion fuses the loss kernel only)"
         )
     flags = architecture_flags(m, flags) + moe_flags(m)
+    if m.num_moe_experts and m.moe_router_padding_for_quantization:
+        notes += _router_padding_notes(cfg)
     if _fsdp2(cfg) and not m.untie_embeddings_and_output_weights:
         flags.append((UNTIE, None))  # arguments.py:1044-1045 asserts it under --use-torch-fsdp2
         notes.append(
@@ -170,6 +172,35 @@ def model_flags(cfg: Config) -> Part:
             "of its own where lowp's reuses the embedding; parallel=ddp exports the tied head"
         )
     return flags, notes
+
+
+# Megatron's get_fp8_align_size (fp8_utils.py:356-361) per --fp8-recipe value: 16 where not listed
+_MEGATRON_FP8_ALIGNMENT = {"mxfp8": 32}
+
+
+def megatron_expert_alignment(r: RecipeConfig) -> int:
+    """The tokens Megatron aligns each expert to (moe_utils.py:1463-1480): 128 under any FP4 recipe
+    (fp4_utils.py:176-205), 32 under MXFP8, 16 under the other FP8 recipes; 0 without FP8/FP4."""
+    if r.fp4:
+        return 128
+    if r.fp8:
+        return _MEGATRON_FP8_ALIGNMENT.get(recipes.get(r.name).megatron.fp8_recipe, 16)
+    return 0
+
+
+def _router_padding_notes(cfg: Config) -> list[str]:
+    """moe_router_padding_for_quantization routes real tokens to the experts at probability 0, which
+    their quantizers see: a `#` line where Megatron aligns to another size than lowp."""
+    from harness.backends.emulated import expert_alignment
+
+    lowp, megatron = expert_alignment(cfg.recipe), megatron_expert_alignment(cfg.recipe)
+    if lowp == megatron:
+        return []
+    return [
+        f"# model.moe_router_padding_for_quantization=true with recipe={cfg.recipe.name}: Megatron aligns "
+        f"each expert's tokens to {megatron} (megatron/core/transformer/moe/moe_utils.py:1463-1480), "
+        f"lowp to {lowp}, so the two route different padding tokens (at probability 0) to the experts"
+    ]
 
 
 def nvte_env(cfg: Config) -> dict[str, str]:
