@@ -4,15 +4,19 @@
     python -m benchmarks.megatron_lm pretrain --megatron DIR --out OUT [--recipes bf16,tensorwise]
         [--iters 20] [--timeout 240]
 
-`check` exports every case of the preset x recipe x knob sweep (harness.validation.reference_sweep),
-accepted by lowp or not, and feeds each distinct flag list to Megatron-LM's own `parse_args` +
-`validate_args`, then builds its TransformerConfig, OptimizerConfig and DDP config from the
-parsed args and, where Transformer Engine is importable, Megatron's TE recipe object. It writes
+`check` exports every case of the preset x recipe x knob sweep (harness.validation.reference_sweep,
+the MoE model presets x recipe x MoE knob included), accepted by lowp or not, and feeds each distinct
+flag list to Megatron-LM's own `parse_args` + `validate_args`, then builds its TransformerConfig,
+OptimizerConfig and DDP config from the parsed args and, where Transformer Engine is importable,
+Megatron's TE recipe object. It writes
 OUT/check.json: per case lowp's verdict and Megatron's (the stage that refused and its message),
 and the two kinds of disagreement: lowp accepts what Megatron refuses (a lowp bug), lowp refuses
 what Megatron accepts (lowp stricter: its message says what Megatron would do). Megatron runs in
 a child process of `--python` (default: this interpreter) with DIR on its path; it needs torch,
-numpy, packaging and triton (no GPU).
+numpy, packaging and triton (no GPU), and Python >= 3.12 for Megatron-LM d98e8a6 (`typing.override`).
+Without a GPU or TE the child answers Megatron's compute-capability and TE-version queries as the
+exported command's Hopper and TE 2.20.2 would, and builds the TransformerConfig without the fused
+RoPE kernel TE provides (both are in check.json); what needs TE itself stays unchecked.
 
 `pretrain` prints `python -m harness.megatron experiment=h200_1b recipe=R steps=ITERS --format
 sh` for each recipe, runs that command as printed (MEGATRON_LM=DIR, one GPU), then lowp's own
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +81,7 @@ def _megatron_verdict(argv: list[str], fields: dict) -> dict:
             stage = "TransformerConfig"
             for name, value in fields.items():
                 setattr(args, name, value)
+            skipped = _without_te_kernels(args)
             config = core_transformer_config_from_args(args)
             stage = "OptimizerConfig"
             get_megatron_optimizer_config(args)
@@ -83,7 +89,7 @@ def _megatron_verdict(argv: list[str], fields: dict) -> dict:
             get_megatron_ddp_config(args)
             stage = "TE recipe"
             te_recipe = _te_recipe(config)
-        return {"ok": True, "te_recipe": te_recipe}
+        return {"ok": True, "te_recipe": te_recipe, **skipped}
     except SystemExit as exc:  # argparse: unknown flag or bad value
         return {"ok": False, "stage": stage, "error": f"exit {exc.code}: {sink.getvalue()[-400:].strip()}"}
     except BaseException as exc:  # noqa: BLE001 - Megatron refuses with asserts, ValueError, TypeError...
@@ -92,6 +98,16 @@ def _megatron_verdict(argv: list[str], fields: dict) -> dict:
         # optimizer's FusedAdam): those cases are not checked there
         unchecked = not _has_te() and ("TransformerEngine" in error or "Transformer Engine" in error)
         return {"ok": None if unchecked else False, "stage": stage, "error": error}
+
+
+def _without_te_kernels(args) -> dict:
+    """Without TE (a CPU check), turn off the fused RoPE that Megatron's TransformerConfig refuses
+    to build without TE's kernel (transformer_config.py:2498-2520, on by default): its MoE and
+    recipe rules come after it. Returns what was turned off, for the verdict."""
+    if _has_te() or not args.apply_rope_fusion or args.position_embedding_type != "rope":
+        return {}
+    args.apply_rope_fusion = False
+    return {"cpu_without": ["apply_rope_fusion"]}
 
 
 def _has_te() -> bool:
@@ -117,10 +133,37 @@ def _te_recipe(config) -> str | None:
     return None
 
 
+def cpu_answers() -> dict:
+    """What a check without GPU and TE answers for them, as the exported command would find them:
+    the Hopper compute capability (validate_args asks it for --moe-grouped-gemm, arguments.py:
+    1378-1380) and the TE version lowp targets (backend.te_version; TransformerConfig asks it for
+    FP8 MoE, transformer_config.py:2627-2639, and validate_args for FP4, arguments.py:1108-1109).
+    What needs TE itself (its kernels, FusedAdam, recipe objects) stays unchecked."""
+    from harness.config.schema import BackendConfig
+
+    return {"compute_capability": [9, 0], "te_version": BackendConfig().te_version}
+
+
+def _answer_for_the_gpu(answers: dict) -> None:
+    """In the child, without a GPU or TE: Megatron's device and TE-version queries get `answers`."""
+    import torch
+
+    if not torch.cuda.is_available():
+        capability = tuple(answers["compute_capability"])
+        torch.cuda.get_device_capability = lambda device=None: capability
+    if not _has_te():
+        import megatron.core.utils as mcore_utils
+        from packaging.version import Version
+
+        mcore_utils._te_version = Version(answers["te_version"])  # get_te_version's cache
+
+
 def child_main() -> None:
-    """stdin: a JSON list of [argv, fields]; stdout (last line): a JSON list of verdicts."""
-    items = json.loads(sys.stdin.read())
-    verdicts = [_megatron_verdict(argv, fields) for argv, fields in items]
+    """stdin: {"answers": cpu_answers(), "items": [[argv, fields], ...]}; stdout (last line): a JSON
+    list of verdicts."""
+    job = json.loads(sys.stdin.read())
+    _answer_for_the_gpu(job["answers"])
+    verdicts = [_megatron_verdict(argv, fields) for argv, fields in job["items"]]
     sys.stdout.write("\n" + json.dumps(verdicts) + "\n")
 
 
@@ -143,7 +186,9 @@ def megatron_verdicts(items: list, megatron: Path, python: str, jobs: int) -> li
         )
         for _ in chunks
     ]
-    outs = [p.communicate(json.dumps(c)) for p, c in zip(procs, chunks, strict=True)]
+    jobs_in = [json.dumps({"answers": cpu_answers(), "items": c}) for c in chunks]
+    with ThreadPoolExecutor(len(procs)) as pool:  # one communicate() at a time would run them in turn
+        outs = list(pool.map(lambda p, job: p.communicate(job), procs, jobs_in))
     results: list[list[dict]] = []
     for p, (out, err) in zip(procs, outs, strict=True):
         if p.returncode != 0:
@@ -154,6 +199,21 @@ def megatron_verdicts(items: list, megatron: Path, python: str, jobs: int) -> li
         for k, v in enumerate(chunk_result):
             verdicts[j + k * jobs] = v
     return verdicts
+
+
+def _counts(cases: list[dict]) -> dict:
+    """The verdict counts of a subset of the cases (the MoE presets')."""
+    lowp_ok = [c["lowp_refuses"] is None for c in cases]
+    mg_ok = [c["megatron"]["ok"] for c in cases]
+    return {
+        "cases": len(cases),
+        "lowp_accepts": sum(lowp_ok),
+        "megatron_accepts": sum(m is True for m in mg_ok),
+        "unchecked_without_te": sum(m is None for m in mg_ok),
+        "lowp_accepts_megatron_refuses": sum(lo and m is False for lo, m in zip(lowp_ok, mg_ok, strict=True)),
+        "lowp_stricter": sum(not lo and m is True for lo, m in zip(lowp_ok, mg_ok, strict=True)),
+        "both_refuse": sum(not lo and m is False for lo, m in zip(lowp_ok, mg_ok, strict=True)),
+    }
 
 
 def check(args) -> dict:
@@ -185,6 +245,9 @@ def check(args) -> dict:
         "lowp_accepts_megatron_refuses": accepts_refused,
         "lowp_stricter": stricter,
         "both_refuse": sum(c["lowp_refuses"] is not None and c["megatron"]["ok"] is False for c in cases),
+        "moe": _counts([c for c in cases if c["case"].startswith("model=")]),
+        "answered_without_gpu_or_te": cpu_answers(),
+        "fused_rope_off_without_te": sum("cpu_without" in c["megatron"] for c in cases),
         "seconds": round(time.time() - t0, 1),
         "all": [{k: c[k] for k in ("case", "lowp_refuses", "megatron")} for c in cases],
     }
@@ -195,6 +258,12 @@ def check(args) -> dict:
         f"{report['lowp_accepts']}, Megatron accepts {report['megatron_accepts']}; lowp accepts what "
         f"Megatron refuses: {len(accepts_refused)}; lowp stricter: {len(stricter)}; unchecked "
         f"{report['unchecked_without_te']} -> {args.out / 'check.json'}"
+    )
+    moe = report["moe"]
+    print(
+        f"[megatron_lm] of which MoE presets: {moe['cases']} cases, lowp accepts {moe['lowp_accepts']}, "
+        f"Megatron accepts {moe['megatron_accepts']}; lowp accepts what Megatron refuses: "
+        f"{moe['lowp_accepts_megatron_refuses']}; lowp stricter: {moe['lowp_stricter']}"
     )
     for c in accepts_refused[:20]:
         v = c["megatron"]

@@ -231,7 +231,7 @@ _SPECS = (
         megatron=MegatronFlags(
             note="# INT4 fake-QAT has no upstream Megatron flag; miles enables it with "
             "OPEN_TRAINING_INT4_FAKE_QAT_FLAG=1 OPEN_TRAINING_INT4_GROUP_SIZE={int4_group_size} "
-            "(routed MoE experts only there; lowp applies it to every block linear)"
+            "(routed MoE experts only there; lowp's recipe.int4_scope={int4_scope})"
         ),
         defaults={"int4_group_size": 128},
     ),

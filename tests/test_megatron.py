@@ -316,6 +316,29 @@ def flag_rule_violations(argv: list[str], fields: dict) -> list[str]:
         out.append("--seed or --eval-interval below 1")  # initialize.py:483, training.py:5436
     if int(f["--max-position-embeddings"]) < int(f["--seq-length"]):
         out.append("--max-position-embeddings below --seq-length")
+    return out + moe_flag_rule_violations(f)
+
+
+def moe_flag_rule_violations(f: dict[str, str | None]) -> list[str]:
+    """Megatron-LM's MoE rules (docs/validation_rules.md), read off the exported flags."""
+    out = []
+    if "--moe-router-padding-for-quantization" in f:
+        if "--fp8-format" not in f and "--fp4-format" not in f:
+            out.append("router padding without FP8/FP4")  # transformer_config.py:2649
+        if f.get("--moe-token-dispatcher-type", "allgather") == "allgather":
+            out.append("router padding with the allgather dispatcher")  # transformer_config.py:2655
+    score = f.get("--moe-router-score-function", "softmax")
+    if "--moe-router-enable-expert-bias" in f and score not in ("sigmoid", "sqrtsoftplus"):
+        out.append("expert bias without sigmoid scores")  # transformer_config.py:2617
+    topk1 = f.get("--moe-router-topk") == "1" and "--moe-router-pre-softmax" not in f
+    if "--num-experts" in f and topk1 and score == "softmax":
+        out.append("top-1 softmax without --moe-router-pre-softmax")  # transformer_config.py:2661
+    if "--num-experts" not in f and any(k.startswith("--moe-") for k in f):
+        out.append("MoE flags without --num-experts")
+    if "--num-experts" in f and "--moe-grouped-gemm" not in f:
+        out.append("experts without --moe-grouped-gemm (lowp's are TE GroupedLinear)")
+    if "--num-experts" in f and "--disable-bias-linear" not in f:
+        out.append("MoE with biases")  # experts.py:205, moe_layer.py:568
     return out
 
 

@@ -50,7 +50,13 @@ MEGATRON_PARSER_FLAGS = frozenset(
     --train-data-path --train-iters --untie-embeddings-and-output-weights --use-distributed-optimizer
     --use-precision-aware-optimizer --use-rope-scaling --use-torch-fsdp2 --valid-data-path
     --vocab-size --weight-decay
-    """.split()
+    --num-experts --moe-aux-loss-coeff --moe-expert-capacity-factor --moe-ffn-hidden-size
+    --moe-grouped-gemm --moe-layer-freq --moe-router-bias-update-rate --moe-router-dtype
+    --moe-router-enable-expert-bias --moe-router-load-balancing-type --moe-router-padding-for-quantization
+    --moe-router-pre-softmax --moe-router-score-function --moe-router-topk
+    --moe-router-topk-scaling-factor --moe-shared-expert-gate --moe-shared-expert-intermediate-size
+    --moe-token-dispatcher-type --moe-z-loss-coeff
+    """.split()  # the MoE flags: parsed by Megatron-LM d98e8a6 in benchmarks.megatron_lm check
 )
 TE_VERSION = (2, 20)  # backend.te_version's default, the TE Megatron's version checks see
 

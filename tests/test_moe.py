@@ -463,5 +463,5 @@ def test_moe_refuses_what_it_cannot_run_yet(overrides):
 def test_moe_ffn_size_without_experts_and_the_megatron_export_are_refused(moe_config):
     dense = _with(moe_config, "model.num_moe_experts=null")
     assert "moe_ffn_hidden_size=32 without model.num_moe_experts" in _one_line_error(dense)
-    with pytest.raises(ConfigError, match="harness.megatron does not export MoE models yet"):
-        prepare(dataclasses.replace(moe_config), for_export=True)
+    with pytest.raises(ConfigError, match="lowp's MoE layers have no biases"):
+        prepare(_with(moe_config, "model.add_bias_linear=true"), for_export=True)

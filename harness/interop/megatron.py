@@ -9,9 +9,11 @@ Megatron's, so the mapping is rename-free. Recipe flags are printed as the guide
 model shape and the run control (iterations, batch, eval, seed, data, dropout 0) always, other
 values only where lowp's differ from Megatron's argparse defaults. Floats print as `repr`, so they
 round-trip exactly. Under `parallel=fsdp2` the flags follow the rules of Megatron's `--use-torch-fsdp2`
-(docs/validation_rules.md): what lowp's FSDP2 run keeps and Megatron's cannot is a `#` line. The
-config is validated first, with the rules Megatron-LM and TE enforce (docs/validation_rules.md); a
-refused config, or one Megatron cannot express, exits with code 2.
+(docs/validation_rules.md): what lowp's FSDP2 run keeps and Megatron's cannot is a `#` line. An MoE
+model prints Megatron's MoE flags (`--num-experts`, `--moe-*`, `--moe-grouped-gemm`, the alltoall
+dispatcher; harness.interop.megatron_arch.moe_flags). The config is validated first, with the
+rules Megatron-LM and TE enforce (docs/validation_rules.md); a refused config, or one Megatron cannot
+express, exits with code 2.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import textwrap
 from harness import recipes
 from harness.config.errors import ConfigError
 from harness.config.schema import Config, RecipeConfig
-from harness.interop.megatron_arch import UNTIE, architecture_flags
+from harness.interop.megatron_arch import UNTIE, architecture_flags, moe_flags
 
 Flag = tuple[str, object]  # (flag, value); value None for a store_true flag
 Part = tuple[list[Flag], list[str]]  # (flags, `#` comment lines)
@@ -159,7 +161,9 @@ def model_flags(cfg: Config) -> Part:
             f"# model.lm_head_loss_chunks={m.lm_head_loss_chunks} has no Megatron flag: Megatron "
             "makes the whole logits (--cross-entropy-loss-fusion fuses the loss kernel only)"
         )
-    flags = architecture_flags(m, flags)
+    flags = architecture_flags(m, flags) + moe_flags(m)
+    if m.num_moe_experts and m.moe_router_padding_for_quantization:
+        notes += _router_padding_notes(cfg)
     if _fsdp2(cfg) and not m.untie_embeddings_and_output_weights:
         flags.append((UNTIE, None))  # arguments.py:1044-1045 asserts it under --use-torch-fsdp2
         notes.append(
@@ -168,6 +172,35 @@ def model_flags(cfg: Config) -> Part:
             "of its own where lowp's reuses the embedding; parallel=ddp exports the tied head"
         )
     return flags, notes
+
+
+# Megatron's get_fp8_align_size (fp8_utils.py:356-361) per --fp8-recipe value: 16 where not listed
+_MEGATRON_FP8_ALIGNMENT = {"mxfp8": 32}
+
+
+def megatron_expert_alignment(r: RecipeConfig) -> int:
+    """The tokens Megatron aligns each expert to (moe_utils.py:1463-1480): 128 under any FP4 recipe
+    (fp4_utils.py:176-205), 32 under MXFP8, 16 under the other FP8 recipes; 0 without FP8/FP4."""
+    if r.fp4:
+        return 128
+    if r.fp8:
+        return _MEGATRON_FP8_ALIGNMENT.get(recipes.get(r.name).megatron.fp8_recipe, 16)
+    return 0
+
+
+def _router_padding_notes(cfg: Config) -> list[str]:
+    """moe_router_padding_for_quantization routes real tokens to the experts at probability 0, which
+    their quantizers see: a `#` line where Megatron aligns to another size than lowp."""
+    from harness.backends.emulated import expert_alignment
+
+    lowp, megatron = expert_alignment(cfg.recipe), megatron_expert_alignment(cfg.recipe)
+    if lowp == megatron:
+        return []
+    return [
+        f"# model.moe_router_padding_for_quantization=true with recipe={cfg.recipe.name}: Megatron aligns "
+        f"each expert's tokens to {megatron} (megatron/core/transformer/moe/moe_utils.py:1463-1480), "
+        f"lowp to {lowp}, so the two route different padding tokens (at probability 0) to the experts"
+    ]
 
 
 def nvte_env(cfg: Config) -> dict[str, str]:

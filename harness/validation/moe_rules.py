@@ -57,11 +57,25 @@ def moe_errors(cfg: Config) -> list[str]:
             "an FP8/FP4 recipe's alignment (Megatron refuses it without one); use one or set it false"
         )
     if m.moe_shared_expert_intermediate_size is not None and m.add_bias_linear:
-        errs.append(  # shared_experts.py: SharedExpertMLP asserts add_bias_linear == False
+        errs.append(  # shared_experts.py:124: SharedExpertMLP asserts add_bias_linear == False
             "model.moe_shared_expert_intermediate_size with model.add_bias_linear=true: Megatron's shared "
             "expert has no biases; set model.add_bias_linear=false"
         )
-    return errs
+    return errs + _grouped_gemm_errors(cfg)
+
+
+def _grouped_gemm_errors(cfg: Config) -> list[str]:
+    """Megatron's experts are TE GroupedLinear (--moe-grouped-gemm), whose kernels validate_args
+    asserts compute capability >= 8.0 for (megatron/training/arguments.py:1378-1380)."""
+    hw = cfg.hardware
+    if hw.compute_capability is None or hw.compute_capability >= 8.0:
+        return []
+    return [
+        f"model.num_moe_experts={cfg.model.num_moe_experts} with hardware={hw.name} (compute capability "
+        f"{hw.compute_capability}): "
+        "Megatron's grouped GEMM experts (--moe-grouped-gemm) need compute capability >= 8.0; use "
+        "an A100 or later (hardware=a100, h100, h200, b200)"
+    ]
 
 
 def _size_errors(m: ModelConfig) -> list[str]:
@@ -159,13 +173,15 @@ def _expert_override_errors(cfg: Config) -> list[str]:
 
 
 def moe_export_errors(cfg: Config) -> list[str]:
-    """The Megatron export does not write the MoE flags yet: refused rather than exported dense."""
-    n = cfg.model.num_moe_experts
-    if n is None:
+    """What the Megatron export cannot print for an MoE model (harness.interop.megatron_arch.moe_flags
+    prints the rest): biases, which lowp's MoE layers do not have, so there is no lowp model to hold
+    Megatron's against (Megatron's own experts would need --no-bias-dropout-fusion, experts.py:205-207)."""
+    m = cfg.model
+    if m.num_moe_experts is None or not m.add_bias_linear:
         return []
     return [
-        f"model.num_moe_experts={n}: harness.megatron does not export MoE models yet (it would print a "
-        "dense model's flags); export a dense model"
+        "model.add_bias_linear=true with model.num_moe_experts: lowp's MoE layers have no biases (as "
+        "Qwen2/3-MoE and Mixtral), so there is no lowp model to export; set model.add_bias_linear=false"
     ]
 
 

@@ -1,5 +1,6 @@
 """The configs lowp's validation and Megatron export are held against: every shipped experiment
-preset (and none) x every recipe x the guide's stability and optimizer knobs, one knob set at a time.
+preset (and none) x every recipe x the guide's stability and optimizer knobs, one knob set at a time;
+and every MoE model preset x every recipe x the MoE fields (MOE_KNOBS), one set at a time.
 
 Used by tests/test_megatron.py (lowp's decision against the flag-level rule table, on a CPU) and by
 benchmarks/megatron_lm.py (the same configs fed to Megatron-LM's own argument checks). Hydra composes
@@ -78,10 +79,65 @@ KNOBS: dict[str, list[str]] = {
 }
 
 
+# Knob sets of the MoE model presets: each MoE field Megatron has a rule for, and the general knobs
+# that meet the experts (BF16 ends, FP8 weights, an override of a whole expert group).
+MOE_KNOBS: dict[str, list[str]] = {
+    "none": [],
+    "stability=first_last_bf16": KNOBS["stability=first_last_bf16"],
+    "fp8_param_dist": KNOBS["fp8_param_dist"],
+    "optimizer=bf16_states": KNOBS["optimizer=bf16_states"],
+    "override_expert_group": ["stability.overrides=[{pattern: 'blocks.0.mlp.experts.fc1', recipe: bf16}]"],
+    "router_padding": ["model.moe_router_padding_for_quantization=true"],
+    "router_padding_capacity": [
+        "model.moe_router_padding_for_quantization=true",
+        "model.moe_expert_capacity_factor=1.25",
+    ],
+    "capacity_factor": ["model.moe_expert_capacity_factor=1.25"],
+    "expert_bias_sigmoid": [
+        "model.moe_router_score_function=sigmoid",
+        "model.moe_router_enable_expert_bias=true",
+        "model.moe_router_bias_update_rate=0.01",
+    ],
+    "expert_bias_softmax": ["model.moe_router_enable_expert_bias=true"],
+    "sigmoid_scaled_seq_aux": [
+        "model.moe_router_score_function=sigmoid",
+        "model.moe_router_topk_scaling_factor=2.5",
+        "model.moe_router_load_balancing_type=seq_aux_loss",
+        "model.moe_aux_loss_coeff=0.0001",
+    ],
+    "topk1_softmax": ["model.moe_router_topk=1"],
+    "topk1_pre_softmax": ["model.moe_router_topk=1", "model.moe_router_pre_softmax=true"],
+    "no_balancing_z_loss": [
+        "model.moe_router_load_balancing_type=none",
+        "model.moe_aux_loss_coeff=0.0",
+        "model.moe_z_loss_coeff=0.001",
+    ],
+    "router_fp64": ["model.moe_router_dtype=fp64"],
+    "router_bf16": ["model.moe_router_dtype=null"],
+    "shared_expert_gate": [
+        "model.moe_shared_expert_intermediate_size=64",
+        "model.moe_shared_expert_gate=true",
+    ],
+    "layer_freq_list": ["model.moe_layer_freq=[0, 1]"],
+    "layer_freq_2": ["model.moe_layer_freq=2"],
+    "layer_freq_short": ["model.moe_layer_freq=[1]"],
+    "bias_linear": ["model.add_bias_linear=true"],
+}
+
+
 def presets() -> list[str | None]:
     from harness.config.store import presets as group_presets
 
     return [None, *group_presets("experiment")]
+
+
+def moe_presets() -> list[str]:
+    """The model presets with experts (conf/model/*.yaml that set num_moe_experts to a number;
+    model=hf reads it from a Hugging Face config)."""
+    from harness.config.store import presets as group_presets
+
+    experts = {name: _yaml("model", name).get("num_moe_experts") for name in group_presets("model")}
+    return [name for name, n in experts.items() if isinstance(n, int)]
 
 
 def recipes() -> list[str]:
@@ -102,15 +158,17 @@ def _yaml(group: str, name: str) -> dict:
 
 
 @cache
-def _composed(preset: str | None) -> Config:
-    """The preset composed by Hydra, as a typed Config."""
+def _composed(base: str) -> Config:
+    """The base (`experiment=X`, `model=Y`, or "" for the defaults) composed by Hydra, as a typed
+    Config."""
     from omegaconf import OmegaConf
 
     from harness.validation.load import compose
 
+    group, _, name = base.partition("=")
     # `experiment=X recipe=Y` is X with Y's recipe as long as X sets no recipe field itself
-    assert not preset or "recipe" not in _yaml("experiment", preset), f"{preset} sets recipe fields"
-    return OmegaConf.to_object(compose([f"experiment={preset}"] if preset else []))
+    assert group != "experiment" or "recipe" not in _yaml(group, name), f"{name} sets recipe fields"
+    return OmegaConf.to_object(compose([base] if base else []))
 
 
 @cache
@@ -135,8 +193,8 @@ def _set(cfg: Config, dotted: str, value) -> None:
     setattr(obj, last, value)
 
 
-def _apply(cfg: Config, knob: str) -> None:
-    for item in KNOBS[knob]:
+def _apply(cfg: Config, items: list[str]) -> None:
+    for item in items:
         if item.startswith("@"):  # a group preset: its fields over the composed ones
             group, name = item[1:].split("/")
             for key, value in _yaml(group, name).items():
@@ -147,10 +205,19 @@ def _apply(cfg: Config, knob: str) -> None:
 
 
 def build(preset: str | None, recipe: str, knob: str) -> Config:
-    """The typed Config of one sweep case (hardware as composed: no detection)."""
-    cfg = copy.deepcopy(_composed(preset))
+    """The typed Config of one experiment-preset case (hardware as composed: no detection)."""
+    return _build(f"experiment={preset}" if preset else "", recipe, KNOBS[knob])
+
+
+def build_moe(model: str, recipe: str, knob: str) -> Config:
+    """The typed Config of one MoE-preset case: `model=<model>` with a recipe and an MOE_KNOBS set."""
+    return _build(f"model={model}", recipe, MOE_KNOBS[knob])
+
+
+def _build(base: str, recipe: str, items: list[str]) -> Config:
+    cfg = copy.deepcopy(_composed(base))
     cfg.recipe = copy.deepcopy(_recipe(recipe))
-    _apply(cfg, knob)
+    _apply(cfg, items)
     return cfg
 
 
@@ -158,12 +225,25 @@ def label(preset: str | None, recipe: str, knob: str) -> str:
     return f"experiment={preset or '-'} recipe={recipe} knob={knob}"
 
 
+def moe_label(model: str, recipe: str, knob: str) -> str:
+    return f"model={model} recipe={recipe} knob={knob}"
+
+
 def cases() -> Iterator[tuple[str, Config]]:
-    """(label, Config) for every preset x recipe x knob set."""
+    """(label, Config) for every preset x recipe x knob set, then every MoE case."""
     for preset in presets():
         for recipe in recipes():
             for knob in KNOBS:
                 yield label(preset, recipe, knob), build(preset, recipe, knob)
+    yield from moe_cases()
+
+
+def moe_cases() -> Iterator[tuple[str, Config]]:
+    """(label, Config) for every MoE model preset x recipe x MoE knob set."""
+    for model in moe_presets():
+        for recipe in recipes():
+            for knob in MOE_KNOBS:
+                yield moe_label(model, recipe, knob), build_moe(model, recipe, knob)
 
 
 def verdict(cfg: Config) -> str | None:
