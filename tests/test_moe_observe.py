@@ -98,7 +98,7 @@ def test_a_negative_experts_per_layer_is_refused(capsys):
     assert code == 2 and len(lines) == 1 and "telemetry.moe_experts_per_layer=-1: out of range" in lines[0]
 
 
-# -- the telemetry rows of the experts ---------------------------------------------------------------------
+# -- the telemetry rows of the experts -------------------------------------------------------------------
 
 
 def _expert_rows(layer: int, sqnr: dict[int, float]) -> list[dict]:
@@ -142,7 +142,7 @@ def test_expert_rows_keep_the_worst_experts_and_sum_up_the_others():
     assert all(not r[TM.LAYER][-1].isdigit() for r in only[1:]) and len(only) == 1 + 2 * 12
 
 
-# -- the report -----------------------------------------------------------------------------------------------
+# -- the report ------------------------------------------------------------------------------------------
 
 
 def _moe_sweep(root, load: dict[str, list[float]]) -> None:
