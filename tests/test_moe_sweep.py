@@ -77,13 +77,14 @@ def test_moe_matrix_dry_run_lists_its_jobs_with_verdicts(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_the_cpu_moe_sweep_runs_end_to_end_with_its_report(tmp_path):
-    """moe_matrix_cpu cut to one seed and 2 steps (every arm, telemetry each step): 6 jobs, run one after
-    the other in one process (Hydra's basic launcher), and the report."""
+    """moe_matrix_cpu cut to one seed and one step (every arm, with telemetry): 6 jobs, run one after
+    the other in one process (Hydra's basic launcher, one thread: the model is tiny), and the report."""
     out = tmp_path / "sweep"
-    small = ["seed=0", "steps=2", "log_interval=1", "telemetry_interval=1", "eval_interval=0",
-             "eval_tokens=512", "data.num_tokens=20000", "logger=none", "hydra/launcher=basic",
+    small = ["seed=0", "steps=1", "log_interval=1", "telemetry_interval=1", "eval_interval=0",
+             "eval_tokens=0", "data.num_tokens=20000", "logger=none", "hydra/launcher=basic",
              f"hydra.sweep.dir={out}"]  # fmt: skip
-    proc = run_cli(["-m", "harness.sweep", "moe_matrix_cpu", *small], timeout=600)
+    args = ["-m", "harness.sweep", "moe_matrix_cpu", *small]
+    proc = run_cli(args, timeout=600, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     statuses = [json.loads((d / "summary.json").read_text())["status"] for d in out.glob("*_s0")]
     assert statuses == ["completed"] * 6
