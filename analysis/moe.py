@@ -161,9 +161,9 @@ def worst_experts(group: Group, numerics: pd.DataFrame) -> list[str]:
         medians = medians[np.isfinite(medians)]
         tail = f"; the other experts' median {medians.mean():.1f} dB" if len(medians) else ""
         out.append(
-            f"{arm.name}: worst expert {grp}.{expert}: {fc} {tensor} SQNR {value:.1f} dB (mean over the "
-            f"{len(listed)} of {len(steps)} telemetry steps (over seeds) that list it among its layer's "
-            f"worst{tail})"
+            f"{arm.name}: worst expert {grp}.{expert}: {fc} {tensor} SQNR {value:.1f} dB, the mean over the "
+            f"{len(listed)} of {len(steps)} telemetry steps (all seeds) that list it among its layer's "
+            f"worst{tail}"
         )
     return out
 
