@@ -29,6 +29,10 @@ PEAK_MEM_GIB = "memory/peak_allocated_gib"
 MOE_LOAD_BALANCING_LOSS = "moe/load_balancing_loss"
 MOE_SEQ_LOAD_BALANCING_LOSS = "moe/seq_load_balancing_loss"
 MOE_Z_LOSS = "moe/z_loss"
+MOE_TOKENS_PER_EXPERT_MAX_MEAN = "moe/tokens_per_expert_max_mean"
+MOE_EXPERTS_WITHOUT_TOKENS = "moe/experts_without_tokens"
+MOE_ROUTER_ENTROPY = "moe/router_entropy"
+MOE_DROPPED_TOKENS = "moe/dropped_tokens"
 METRIC_KEYS = (
     LOSS_TRAIN,
     LOSS_EVAL,
@@ -43,6 +47,10 @@ METRIC_KEYS = (
     MOE_LOAD_BALANCING_LOSS,
     MOE_SEQ_LOAD_BALANCING_LOSS,
     MOE_Z_LOSS,
+    MOE_TOKENS_PER_EXPERT_MAX_MEAN,
+    MOE_EXPERTS_WITHOUT_TOKENS,
+    MOE_ROUTER_ENTROPY,
+    MOE_DROPPED_TOKENS,
 )
 NUMERICS_PREFIX = "numerics/"
 """Telemetry summaries inside metrics.jsonl: `numerics/<layer>/<tensor>/<stat>`."""

@@ -1,9 +1,11 @@
 """`python -m analysis.report DIR... [--out OUT] [--wandb]`: comparison.csv, runs.csv, gaps.csv,
-report.md and a self-contained report.html, all built from the DataFrames of `analysis.frames`.
+report.md and a self-contained report.html (and moe.csv for MoE runs), all built from the DataFrames
+of `analysis.frames`.
 
 The first screen answers "which recipe?": per hardware/model group, one sentence and a table ranked by
 verdict (worse / indistinguishable / better than BF16, with the 95% interval and the minimum detectable
-gap), then the speed-vs-gap chart of native runs; curves, telemetry, method and runs follow. The same
+gap), for MoE runs the load balance against BF16's seed band and the worst expert (`analysis.moe`),
+then the speed-vs-gap chart of native runs; curves, telemetry, method and runs follow. The same
 context renders through jinja2 twice: HTML (figures embedded as base64 PNG) and Markdown (next to them).
 """
 
@@ -219,6 +221,13 @@ border-left:4px solid #b90}.worse{color:#a00;font-weight:600}.better{color:#070;
 {% endfor %}</table>
 {% if g.warnings %}<p class=warn>Config warnings printed during these runs:
 {% for w in g.warnings %}<br>&bull; {{ w }}{% endfor %}</p>{% endif %}
+{% if g.moe %}<h3>MoE: load balance and experts</h3>
+<table><tr>{% for h in g.moe.table.columns %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in g.moe.table.itertuples(index=False) %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% for w in g.moe.warnings %}<p class=warn>warning: {{ w }}</p>{% endfor %}
+{% if g.moe.experts %}<ul>{% for e in g.moe.experts %}<li>{{ e }}</li>{% endfor %}</ul>{% endif %}
+{% endif %}
 {% for f in g.figures %}{% if f.png %}
 <figure><img alt="{{ f.caption }}" src="data:image/png;base64,{{ f.png }}">
 <figcaption>{{ f.caption }}</figcaption></figure>
@@ -252,6 +261,15 @@ MARKDOWN = jinja2.Template(
 {% if g.warnings %}
 Config warnings printed during these runs:
 {% for w in g.warnings %}- {{ w }}
+{% endfor %}{% endif %}
+{% if g.moe %}
+### MoE: load balance and experts
+
+{{ md_table(g.moe.table) }}
+{% for w in g.moe.warnings %}
+**warning:** {{ w }}
+{% endfor %}
+{% for e in g.moe.experts %}- {{ e }}
 {% endfor %}{% endif %}
 {% for f in g.figures %}{% if f.path %}
 ![{{ f.caption }}]({{ f.path }})
@@ -307,6 +325,8 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
                  figures: bool = True) -> Path:  # fmt: skip
     """Write comparison.csv, gaps.csv, runs.csv, report.md, plots/ and report.html; returns the html."""
     from analysis import plots
+    from analysis.moe import frame as moe_frame
+    from analysis.moe import moe_section
     from analysis.telemetry import group_cells, outliers
 
     out = Path(out)
@@ -316,10 +336,13 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
     gap_curves(comparison).to_csv(out / "gaps.csv", index=False)
     runs.runs.to_csv(out / "runs.csv", index=False)
     numerics = runs.numerics
-    groups = []
+    groups, moe_sections = [], []
     for g in comparison.groups:
         df = group_rows(comp, g)
         cells = group_cells(g, numerics)
+        moe = moe_section(g, numerics)
+        if moe is not None:
+            moe_sections.append((g, moe))
         figs = []
         for name, fig, caption in plots.group_figures(g, numerics) if figures else []:
             entry = {"name": name, "caption": caption, "png": None, "path": None, "absent": None}
@@ -336,8 +359,10 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
             "rows": list(zip(display_frame(df).itertuples(index=False), df["verdict"].fillna(""),
                              strict=True)),
             "warnings": list(dict.fromkeys(w for r in g.runs for w in r.config_warnings)),
-            "figures": figs, "outliers": outliers(cells), "notes": g.notes,
+            "figures": figs, "outliers": outliers(cells), "notes": g.notes, "moe": moe,
         })  # fmt: skip
+    if moe_sections:
+        moe_frame(moe_sections).to_csv(out / "moe.csv", index=False)
     intro = (f"{len(runs)} runs ({sum(r.status == K.INCOMPLETE for r in runs.objects)} incomplete) in "
              f"{len(comparison.groups)} group(s), read from {', '.join(inputs)} on "
              f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}. Gaps are % of the BF16 loss (nats); "
@@ -359,7 +384,11 @@ def group_rows(comp: pd.DataFrame, g: Group) -> pd.DataFrame:
     return comp[(as_str == key).all(axis=1)]
 
 
-def terminal_table(comparison: Comparison) -> str:
+def terminal_table(comparison: Comparison, numerics: pd.DataFrame | None = None) -> str:
+    """The ranked table per group; for an MoE group also its load-balance table, warnings and worst
+    experts (from `numerics`, the telemetry rows, when given)."""
+    from analysis.moe import moe_section
+
     comp = comparison_frame(comparison)
     parts = []
     for g in comparison.groups:
@@ -368,6 +397,10 @@ def terminal_table(comparison: Comparison) -> str:
                                   "throughput vs BF16", "seeds × steps"]]  # fmt: skip
         base = f"BF16 seeds {','.join(map(str, g.baseline.seeds))}" if g.baseline else "NONE"
         parts.append(f"\n== {g.key}  (baseline: {base})\n" + disp.to_string(index=False))
+        moe = moe_section(g, numerics if numerics is not None else pd.DataFrame())
+        if moe is not None:
+            parts.append("-- MoE load balance\n" + moe["table"].to_string(index=False))
+            parts += [f"warning: {w}" for w in moe["warnings"]] + moe["experts"]
     return "\n".join(parts)
 
 
@@ -413,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
 
     comparison = comparison_of(runs, args.smooth_frac)
     html_path = write_report(runs, comparison, out, [str(d) for d in args.dirs], figures=not args.no_plots)
-    print(terminal_table(comparison))
+    print(terminal_table(comparison, runs.numerics))
     for note in comparison.notes:
         print(f"note: {note}")
     if args.wandb:

@@ -347,6 +347,15 @@ class DivergenceConfig:
     """... on this many consecutive logged rows. NaN/Inf loss or gradient norm end a run at once."""
 
 
+@dataclass
+class TelemetryConfig:
+    """What numerics telemetry (telemetry_interval) writes beyond one row per quantized operand."""
+
+    moe_experts_per_layer: int = 4
+    """Experts per MoE layer and telemetry step whose rows are kept whole: the worst by SQNR (the
+    lowest of their operands'); the others' rows are summed up as their max and median."""
+
+
 RESUME_MODES = ("auto", "never", "must")
 PARALLEL_STRATEGIES = ("none", "ddp", "fsdp2")
 
@@ -388,6 +397,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     name: str | None = None
     """Run name (W&B name); null = derived from recipe and seed."""
     seed: int = 0

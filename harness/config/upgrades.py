@@ -102,6 +102,8 @@ ADDED: dict[str, Change] = {c.field: c for c in (
     Change("ModelConfig.num_moe_experts", None, _MOE_SINCE, "every model was dense (an MLP in each block)"),
     Change("RecipeConfig.int4_scope", "all_linear", "c787023", "int4_qat fake-quantized every block linear"),
     *(Change(f"ModelConfig.{name}", value, _MOE_SINCE, _MOE) for name, value in _MOE_FIELDS.items()),
+    Change("Config.telemetry", {"moe_experts_per_layer": 4}, "ca1581a",
+           "what telemetry rows are written, never what a run computes; read only with experts"),
 )}
 
 _HEAD = "the FP8 LM head failed the loss check (benchmarks/RESULTS.md, 'Loss checks of the TE options')"

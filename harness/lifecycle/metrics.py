@@ -27,6 +27,11 @@ MOE = "moe"  # MoE router losses, moe/<Megatron's name>: logged beside loss/trai
 MOE_LOAD_BALANCING_LOSS = "moe/load_balancing_loss"
 MOE_SEQ_LOAD_BALANCING_LOSS = "moe/seq_load_balancing_loss"
 MOE_Z_LOSS = "moe/z_loss"
+MOE_TOKENS_PER_EXPERT_MAX_MEAN = "moe/tokens_per_expert_max_mean"  # ratio, 1 when balanced
+MOE_EXPERTS_WITHOUT_TOKENS = "moe/experts_without_tokens"  # fraction of the experts
+MOE_ROUTER_ENTROPY = "moe/router_entropy"  # nats per token, at most ln(experts)
+MOE_DROPPED_TOKENS = "moe/dropped_tokens"  # fraction of the routed token slots (a capacity factor only)
+"""The MoE keys above are the mean over the MoE layers; each layer's is `moe_layer_key(key, i)`."""
 NUMERICS = "numerics"  # telemetry keys: numerics/<layer>/<tensor>/<stat>
 STEP = "step"
 TOKENS = "tokens"
@@ -45,7 +50,16 @@ ALL_KEYS = (
     MOE_LOAD_BALANCING_LOSS,
     MOE_SEQ_LOAD_BALANCING_LOSS,
     MOE_Z_LOSS,
+    MOE_TOKENS_PER_EXPERT_MAX_MEAN,
+    MOE_EXPERTS_WITHOUT_TOKENS,
+    MOE_ROUTER_ENTROPY,
+    MOE_DROPPED_TOKENS,
 )
+
+
+def moe_layer_key(key: str, layer: int) -> str:
+    """An MoE key of one layer, by the block's index: Megatron's `moe/<name>_layer_<i>`."""
+    return f"{key}_layer_{layer}"
 
 
 class StepTimer:
@@ -164,7 +178,7 @@ class MetricsProcessor:
         lr: float,
         moe: dict[str, torch.Tensor] | None = None,
     ) -> None:
-        """`moe`: the step's MoE router losses by Megatron's name (harness.model.moe.Routing.metrics)."""
+        """`moe`: the step's MoE values by Megatron's name (harness.model.moe.Routing.logged)."""
         self._losses.append(loss.detach())
         for name, value in (moe or {}).items():
             self._moe.setdefault(name, []).append(value.detach())
@@ -187,8 +201,9 @@ class MetricsProcessor:
             GRAD_NORM: float(norm.item()) if norm is not None else None,
             STEP_MS: ms,
         }
-        for name, values in self._moe.items():  # their mean since the last row, as loss/train's
-            row[f"{MOE}/{name}"] = torch.stack(values).float().mean().item()
+        if self._moe:  # their mean since the last row, as loss/train's; one host sync for all
+            means = torch.stack([torch.stack(values).float().mean() for values in self._moe.values()])
+            row.update({f"{MOE}/{name}": v for name, v in zip(self._moe, means.tolist())})
         self._moe.clear()
         if ms:
             tps = self.tokens_per_step / (ms / 1e3)

@@ -70,6 +70,8 @@ class Router(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(cfg.num_moe_experts) if with_bias else None)
         counts = torch.zeros(cfg.num_moe_experts) if with_bias else None
         self.register_buffer("local_tokens_per_expert", counts, persistent=False)
+        self.stats: torch.Tensor | None = None
+        """`routing_stats` of the last forward with autograd on, until `Routing` takes them."""
 
     def forward(self, tokens: torch.Tensor, seq_length: int):
         """tokens (T, h) in [s, b] order -> (probs (T, E), routing_map (T, E), losses): `losses` maps
@@ -89,10 +91,13 @@ class Router(nn.Module):
             scaling_factor=c.moe_router_topk_scaling_factor,
             expert_bias=self.expert_bias,
         )
+        routed = routing_map  # before capacity dropping: the dropped-token count's reference
         if c.moe_expert_capacity_factor is not None:
             probs, routing_map = R.drop_tokens(
                 probs, routing_map, c.moe_router_topk, c.moe_expert_capacity_factor
             )
+        if training:  # what Routing logs of the load; no host sync
+            self.stats = routing_stats(logits, routed, routing_map, c.moe_router_score_function)
         coeff, kind = c.moe_aux_loss_coeff, c.moe_router_load_balancing_type
         if training and coeff > 0 and kind in R.LOSS_NAMES:
             aux_map, scores = R.aux_loss_scores(logits, c.moe_router_topk, c.moe_router_score_function)
@@ -109,6 +114,25 @@ class Router(nn.Module):
 
 def _logged(term: torch.Tensor, coeff: float) -> tuple[torch.Tensor, torch.Tensor]:
     return term, term.detach().float() / coeff
+
+
+def routing_stats(
+    logits: torch.Tensor, routed: torch.Tensor, kept: torch.Tensor, score_function: str
+) -> torch.Tensor:
+    """(2E + 2,) fp32 sums over the micro-batch's T tokens, all additive over micro-batches and ranks:
+    the tokens each expert keeps (kept (T, E) map), the tokens routed to each before capacity dropping
+    (routed (T, E) map), the summed per-token entropy in nats of the router's scores over all E
+    experts (softmax of the logits, or sigmoid normalized over the experts: the distribution the
+    load-balancing loss reads, expert bias excluded), and T."""
+    with torch.no_grad():
+        if score_function == "softmax":
+            scores = torch.softmax(logits.float(), dim=-1)
+        else:
+            scores = torch.sigmoid(logits.float())
+            scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+        entropy = torch.special.entr(scores).sum()  # sum over tokens of -sum_e p log p
+        tokens = torch.full((1,), logits.shape[0], dtype=torch.float32, device=logits.device)
+        return torch.cat([kept.sum(dim=0).float(), routed.sum(dim=0).float(), entropy[None], tokens])
 
 
 class Experts(nn.Module):
@@ -227,29 +251,58 @@ class Routing:
     """The training loop's handle on a model's MoE layers (none for a dense model: then every
     method is a no-op). Per micro-batch `take_losses` returns the objective's router term; per
     step `finish_step` updates the expert biases (Megatron's finalize_model_grads) and averages
-    the logged losses; `metrics` holds them, by Megatron's names."""
+    the logged losses; `metrics` holds them, by Megatron's names, averaged over the MoE layers.
+
+    `observed` holds what an MoE user looks at, per MoE layer (`<name>_layer_<i>`, i the block's
+    index: Megatron's per-layer names) and averaged over the MoE layers (`<name>`), for the step's
+    global batch: each layer's router losses, the tokens per expert as max / mean
+    (`tokens_per_expert_max_mean`, 1 when balanced), the fraction of experts without tokens
+    (`experts_without_tokens`), the mean per-token entropy of the router's scores in nats
+    (`router_entropy`, at most ln E), and with a capacity factor the fraction of the routed token
+    slots dropped (`dropped_tokens`). They are device tensors: nothing here syncs with the host
+    (the counts are summed over micro-batches on device and over ranks with the router losses)."""
 
     def __init__(self, model: nn.Module):
-        self.layers = [m for m in model.modules() if isinstance(m, MoE)]
+        named = [(name, m) for name, m in model.named_modules() if isinstance(m, MoE)]
+        self.layers = [m for _, m in named]
+        self.indices = [_block_index(name, i) for i, (name, _) in enumerate(named)]
         self.experts = [layer.experts for layer in self.layers]
         self.metrics: dict[str, torch.Tensor] = {}
+        self.observed: dict[str, torch.Tensor] = {}
         self._pending: dict[str, torch.Tensor] = {}
+        self._stats: torch.Tensor | None = None  # (layers, 2E + 2): routing_stats summed over the step
+
+    @property
+    def logged(self) -> dict[str, torch.Tensor]:
+        """Everything the step logs under moe/: `metrics` and `observed`."""
+        return {**self.metrics, **self.observed}
 
     def take_losses(self, accum: int) -> torch.Tensor | None:
         """The sum of the router losses of the forward just run (None where there are none); their
-        logged values, averaged over the MoE layers and the `accum` micro-batches, are kept."""
+        logged values, averaged over the MoE layers (and per layer) and the `accum` micro-batches,
+        are kept, and so are the routers' token counts."""
         terms = []
-        for layer in self.layers:
+        for index, layer in zip(self.indices, self.layers):
             for name, (term, logged) in layer.losses.items():
                 terms.append(term)
-                share = logged / (len(self.layers) * accum)
-                self._pending[name] = self._pending[name] + share if name in self._pending else share
+                self._add(name, logged / (len(self.layers) * accum))
+                self._add(f"{name}_layer_{index}", logged / accum)
             layer.losses = {}
+        stats = [layer.router.stats for layer in self.layers if layer.router.stats is not None]
+        if stats:
+            step = torch.stack(stats)
+            self._stats = step if self._stats is None else self._stats + step
+            for layer in self.layers:
+                layer.router.stats = None
         return torch.stack([t.float() for t in terms]).sum() if terms else None
+
+    def _add(self, name: str, value: torch.Tensor) -> None:
+        self._pending[name] = self._pending[name] + value if name in self._pending else value
 
     def finish_step(self, all_reduce_sum, world: int) -> None:
         """After the step's last backward: expert biases moved by the token counts summed over the
-        ranks, and the logged losses averaged over the ranks into `metrics`."""
+        ranks, and the logged losses averaged and the token counts summed over the ranks into
+        `metrics` and `observed`."""
         routers = [layer.router for layer in self.layers if layer.router.expert_bias is not None]
         if routers:
             counts = torch.stack([r.local_tokens_per_expert for r in routers])  # (layers, E)
@@ -260,9 +313,46 @@ class Routing:
                 r.expert_bias.copy_(bias)
                 r.local_tokens_per_expert.zero_()
         pending, self._pending = self._pending, {}
-        if pending:
-            all_reduce_sum(list(pending.values()))
-        self.metrics = {name: value / world for name, value in pending.items()}
+        stats, self._stats = self._stats, None
+        reduced = list(pending.values()) + ([stats] if stats is not None else [])
+        if reduced:
+            all_reduce_sum(reduced)  # one flat buffer
+        values = {name: value / world for name, value in pending.items()}
+        self.metrics = {name: v for name, v in values.items() if "_layer_" not in name}
+        self.observed = {name: v for name, v in values.items() if "_layer_" in name}
+        if stats is not None:
+            dropping = self.layers[0].router.cfg.moe_expert_capacity_factor is not None
+            self.observed.update(load_metrics(stats, self.indices, dropping))
+
+
+def _block_index(name: str, order: int) -> int:
+    """The block an MoE layer sits in (`blocks.3.mlp` -> 3); its order among the MoE layers else."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == "blocks" and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return order
+
+
+def load_metrics(stats: torch.Tensor, indices: list[int], dropping: bool) -> dict[str, torch.Tensor]:
+    """The load metrics of `Routing.observed` from routing_stats summed over a step, (layers, 2E + 2):
+    per layer (`<name>_layer_<i>`) and their mean over the layers (`<name>`). A layer that kept no
+    token has max / mean NaN."""
+    E = (stats.shape[1] - 2) // 2
+    kept, routed, entropy, tokens = stats[:, :E], stats[:, E : 2 * E], stats[:, -2], stats[:, -1]
+    mean = kept.mean(dim=1)
+    per_layer = {
+        "tokens_per_expert_max_mean": kept.max(dim=1).values / mean,
+        "experts_without_tokens": (kept == 0).float().mean(dim=1),
+        "router_entropy": entropy / tokens,
+    }
+    if dropping:
+        per_layer["dropped_tokens"] = 1 - kept.sum(dim=1) / routed.sum(dim=1)
+    out = {}
+    for name, values in per_layer.items():
+        out[name] = values.mean()
+        out.update({f"{name}_layer_{i}": v for i, v in zip(indices, values.unbind())})
+    return out
 
 
 def inactive_params(model: nn.Module) -> int:

@@ -2,12 +2,18 @@
 
 Rows are computed only inside `collect()` (the backend's `collect_telemetry()`); outside it the
 quantizers never call into this module, so telemetry costs nothing when off.
+
+An MoE layer's experts each quantize their own operands (`blocks.3.mlp.experts.fc1.5`): with 128
+experts that is hundreds of rows per layer and step, so `expert_rows` keeps the N worst experts of
+each layer whole and sums up the others as their max and median (`telemetry.moe_experts_per_layer`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import re
+import statistics
 
 import torch
 
@@ -16,6 +22,10 @@ LAYER, TENSOR = "layer", "tensor"
 TENSORS = ("input", "weight", "grad")
 AMAX, SCALE, UNDERFLOW, SATURATION, SQNR_DB = "amax", "scale", "underflow", "saturation", "sqnr_db"
 STATS = (AMAX, SCALE, UNDERFLOW, SATURATION, SQNR_DB)
+EXPERT = re.compile(r"^(?P<group>.+\.experts)\.(?P<fc>fc[12])\.(?P<expert>\d+)$")
+"""An expert's GEMM in a row's layer name: `blocks.3.mlp.experts.fc1.5` (group, fc1, expert 5)."""
+OTHERS = ("max", "median")
+"""The rows of the experts beyond the N worst, per fc and tensor: `blocks.3.mlp.experts.fc1.max`."""
 
 
 def sqnr_db(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -74,3 +84,57 @@ class TelemetrySink:
             yield rows
         finally:
             self.rows = previous
+
+
+def expert_score(rows: list[dict]) -> float:
+    """How good an expert's numerics are at one step: the lowest SQNR (dB) of its rows (fc1 and fc2;
+    input, weight, grad); +inf where every operand is exact or none has an SQNR."""
+    values = [r[SQNR_DB] for r in rows if isinstance(r.get(SQNR_DB), (int, float))]
+    return min((v for v in values if not math.isnan(v)), default=math.inf)
+
+
+def expert_rows(rows: list[dict], worst: int) -> list[dict]:
+    """`rows` with each MoE layer's expert rows reduced: the rows of its `worst` experts (lowest
+    `expert_score`; ties: the lower index) as they are, and for the other experts one row per fc,
+    tensor and `OTHERS` entry holding that statistic over them (layer `<group>.<fc>.max`). Rows of
+    other layers keep their place; a layer's reduced rows take the place of its first expert row."""
+    groups: dict[str, list[dict]] = {}
+    out: list[dict | str] = []
+    for r in rows:
+        m = EXPERT.match(r[LAYER])
+        if m is None:
+            out.append(r)
+            continue
+        if m["group"] not in groups:
+            groups[m["group"]] = []
+            out.append(m["group"])  # the layer's place
+        groups[m["group"]].append(r)
+    reduced = {group: _reduce(group_rows, worst) for group, group_rows in groups.items()}
+    return [x for item in out for x in (reduced[item] if isinstance(item, str) else [item])]
+
+
+def _reduce(rows: list[dict], worst: int) -> list[dict]:
+    by_expert: dict[int, list[dict]] = {}
+    for r in rows:
+        by_expert.setdefault(int(EXPERT.match(r[LAYER])["expert"]), []).append(r)
+    ranked = sorted(by_expert, key=lambda e: (expert_score(by_expert[e]), e))
+    keep = set(ranked[: max(worst, 0)])
+    kept = [r for r in rows if int(EXPERT.match(r[LAYER])["expert"]) in keep]
+    others: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        m = EXPERT.match(r[LAYER])
+        if int(m["expert"]) not in keep:
+            others.setdefault((f"{m['group']}.{m['fc']}", r[TENSOR]), []).append(r)
+    summed = [
+        {LAYER: f"{layer}.{how}", TENSOR: tensor, **{s: _over(group, s, how) for s in STATS}}
+        for (layer, tensor), group in others.items()
+        for how in OTHERS
+    ]
+    return kept + summed
+
+
+def _over(rows: list[dict], stat: str, how: str) -> float | None:
+    values = [r[stat] for r in rows if isinstance(r.get(stat), (int, float))]
+    if not values:
+        return None
+    return max(values) if how == "max" else float(statistics.median(values))

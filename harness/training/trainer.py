@@ -211,6 +211,7 @@ class Trainer:
         return total, grad_norm, lr
 
     def _log_telemetry(self, step: int, rows: list[dict]) -> None:
+        rows = T.expert_rows(rows, self.cfg.telemetry.moe_experts_per_layer)  # MoE: N worst experts
         self.writer.numerics([{M.STEP: step + 1, **r} for r in rows])
         flat = {M.STEP: step + 1, M.TOKENS: (step + 1) * self.tokens_per_step}
         for r in rows:
@@ -295,7 +296,7 @@ class Trainer:
             except FloatingPointError as exc:  # e.g. FP8 optimizer states poisoned by an all-zero moment
                 return self._diverged(summary, step, str(exc))
             self.metrics.timer.stop(step)
-            self.metrics.record(step, loss, grad_norm, lr, self.moe.metrics)
+            self.metrics.record(step, loss, grad_norm, lr, self.moe.logged)
             summary.steps, summary.tokens = step + 1, (step + 1) * self.tokens_per_step
             if step in (0, cfg.steps - 1):  # TE: the recipe really ran; delayed scales really moved
                 self.backend.verify_active(self.model, step)

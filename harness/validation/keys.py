@@ -51,6 +51,12 @@ def run_errors(cfg: Config) -> list[str]:
         ("eval_tokens", cfg.eval_tokens, cfg.eval_tokens >= 0, "use 0 (no eval) or a token budget"),
         ("telemetry_interval", cfg.telemetry_interval, cfg.telemetry_interval >= 0, "use 0 (off) or more"),
         (
+            "telemetry.moe_experts_per_layer",
+            cfg.telemetry.moe_experts_per_layer,
+            cfg.telemetry.moe_experts_per_layer >= 0,
+            "use 0 (only the others' max and median) or more experts, e.g. 4",
+        ),
+        (
             "checkpoint_interval",
             cfg.checkpoint_interval,
             cfg.checkpoint_interval is None or cfg.checkpoint_interval >= -1,
