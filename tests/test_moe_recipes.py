@@ -370,6 +370,7 @@ def test_fast_gemms_quantize_each_expert_as_the_reference_path(recipe, routed, m
         splits, steps = P.case_inputs(recipe, group, routed)
         runs.append((backend, *P.run_group(backend, group, splits, steps, "cpu")))
     (ref_b, want, want_codes), (fast_b, got, got_codes) = runs
+    assert all(fast_b.modules[f"{group.name}.{e}"].fast_gemm for e in range(group.num_gemms))
     assert len(want_codes) == 3 * 6 + 2, sorted(want_codes)  # input, weight, grad; weight only if empty
     assert not P.code_mismatches(want_codes, got_codes)
     assert not P.state_mismatches(ref_b, fast_b)
