@@ -231,16 +231,22 @@ def exported_model(case: str, out):
     return model, cfg, backend, lowp
 
 
-def test_bf16_export_loads_in_transformers_with_lowps_logits(trained):
-    case, d = trained
-    assert main([str(d / "run"), "--format", "hf", "--out", str(d / "bf16")]) == 0
-    sd = read_safetensors(str(d / "bf16"))
-    start = read_safetensors(str(d / "hf"))
+def check_bf16_export(case: str, out, start: dict) -> dict:
+    """The BF16 export `out` against the checkpoint training started from (`start`, its tensors):
+    the same tensor names, all BF16, the experts trained, the family's architecture. Returns them."""
+    sd = read_safetensors(str(out))
     assert sorted(sd) == sorted(start) and all(t.dtype == torch.bfloat16 for t in sd.values())
     expert = next(k for k in sd if ".experts.0." in k)
     assert not torch.equal(sd[expert], start[expert])  # the trained experts, not the initial ones
-    raw = json.loads((d / "bf16" / "config.json").read_text())
+    raw = json.loads((out / "config.json").read_text())
     assert raw["model_type"] == case and raw["architectures"] == [CASES[case][1]]
+    return sd
+
+
+def test_bf16_export_loads_in_transformers_with_lowps_logits(trained):
+    case, d = trained
+    assert main([str(d / "run"), "--format", "hf", "--out", str(d / "bf16")]) == 0
+    sd = check_bf16_export(case, d / "bf16", read_safetensors(str(d / "hf")))
     hf16, cfg, backend, lowp = exported_model(case, d / "bf16")
     assert cfg.model.num_moe_experts == CASES[case][2].get("num_experts", 4)
     load_into(lowp, hf_to_lowp(sd, cfg.model))
@@ -305,6 +311,38 @@ def held_weights(model, cfg) -> dict:
     return hf_to_lowp(held, cfg.model)
 
 
+def assert_holds(model, cfg, weights: dict) -> None:
+    """The transformers `model` holds exactly `weights` (an export's tensors, dequantized), bit for bit."""
+    got, want = held_weights(model, cfg), hf_to_lowp(weights, cfg.model)
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []
+
+
+def loaded(case: str, out, fmt: str, dtype=torch.float32):
+    """transformers' own loader of an export: plain, FineGrainedFP8 (dequantized, as on a CPU), or
+    compressed-tensors (decompressed at the first forward)."""
+    extra = {}
+    if fmt == "hf-fp8":
+        pytest.importorskip("accelerate")  # transformers' FP8 quantizer refuses to load without it
+        extra["quantization_config"] = transformers.FineGrainedFP8Config(dequantize=True)
+    elif fmt == "hf-int4":
+        pytest.importorskip("compressed_tensors")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=dtype, **extra).eval()
+    with torch.no_grad():
+        model(torch.zeros(1, 4, dtype=torch.long))
+    assert type(model).__name__ == CASES[case][1]
+    return model
+
+
+def config_only(out, dest):
+    """`dest` with the export's config.json less its quantization_config: the architecture lowp reads."""
+    raw = json.loads((out / "config.json").read_text())
+    raw.pop("quantization_config", None)
+    dest.mkdir(exist_ok=True)
+    (dest / "config.json").write_text(json.dumps(raw))
+    return dest
+
+
 @pytest.mark.parametrize("fmt", ["hf-fp8", "hf-int4"])
 def test_quantized_exports_are_lowps_quantizers_per_expert(trained, fmt):
     """Each expert's matrices quantized on their own; transformers over the dequantized weights
@@ -315,11 +353,7 @@ def test_quantized_exports_are_lowps_quantizers_per_expert(trained, fmt):
     export(str(d / "run"), fmt, str(out), group_size=GROUP)
     export(str(d / "run"), "hf", str(d / "ref"))
     deq = check_quantized_export(case, out, read_safetensors(str(d / "ref")), fmt)
-    raw = json.loads((out / "config.json").read_text())
-    raw.pop("quantization_config")
-    plain = d / (fmt + "_plain")
-    plain.mkdir(exist_ok=True)
-    (plain / "config.json").write_text(json.dumps(raw))
+    plain = config_only(out, d / (fmt + "_plain"))
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in deq.items()}, str(plain / "model.safetensors"))
@@ -343,41 +377,22 @@ def test_moe_routing_transformers_lacks_is_refused(tmp_path, capsys):
 def test_fp8_export_loads_through_transformers_finegrained_fp8(trained):
     """transformers' FineGrainedFP8 loader (dequantize=True, as on a CPU) merges the per-expert
     codes and scales into its fused experts; every weight it holds is lowp's dequantized export."""
-    pytest.importorskip("accelerate")  # transformers' FP8 quantizer refuses to load without it
     case, d = trained
     out = d / "fp8n"
     export(str(d / "run"), "hf-fp8", str(out))
-    config = transformers.FineGrainedFP8Config(dequantize=True)
-    m = transformers.AutoModelForCausalLM.from_pretrained(
-        out, dtype=torch.float32, quantization_config=config
-    )
-    assert type(m).__name__ == CASES[case][1]
     cfg, _, _ = lowp_model(d / "hf")
-    got, want = held_weights(m, cfg), hf_to_lowp(_dequantized(out, "hf-fp8")[0], cfg.model)
-    assert sorted(got) == sorted(want)
-    assert all(torch.equal(got[k], want[k]) for k in want), [
-        k for k in want if not torch.equal(got[k], want[k])
-    ]
+    assert_holds(loaded(case, out, "hf-fp8"), cfg, _dequantized(out, "hf-fp8")[0])
 
 
 def test_int4_export_loads_through_transformers_compressed_tensors(trained):
     """compressed-tensors' pack-quantized reader through transformers: every weight the loaded model
     holds (experts fused by transformers 5, the rest as linears, decompressed at the first forward)
     is lowp's dequantized export, bf16(code * scale) from fp32 scales."""
-    pytest.importorskip("compressed_tensors")
     case, d = trained
     out = d / "int4n"
     export(str(d / "run"), "hf-int4", str(out), group_size=GROUP)
-    m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    with torch.no_grad():
-        m(torch.zeros(1, 4, dtype=torch.long))
-    assert type(m).__name__ == CASES[case][1]
     cfg, _, _ = lowp_model(d / "hf")
-    got, want = held_weights(m, cfg), hf_to_lowp(_dequantized(out, "hf-int4")[0], cfg.model)
-    assert sorted(got) == sorted(want)
-    assert all(torch.equal(got[k], want[k]) for k in want), [
-        k for k in want if not torch.equal(got[k], want[k])
-    ]
+    assert_holds(loaded(case, out, "hf-int4"), cfg, _dequantized(out, "hf-int4")[0])
 
 
 def test_int4_export_refuses_a_group_that_splits_a_width(trained, capsys):

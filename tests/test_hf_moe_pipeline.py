@@ -18,7 +18,17 @@ from harness.interop.export import export
 from harness.interop.hf_weights import hf_to_lowp, load_into, read_safetensors
 from harness.train import run
 from tests.helpers import compose_cfg
-from tests.test_hf_moe import CASES, GROUP, T, check_quantized_export, held_weights, hf_model, logits_agree
+from tests.test_hf_moe import (
+    GROUP,
+    T,
+    assert_holds,
+    check_bf16_export,
+    check_quantized_export,
+    config_only,
+    hf_model,
+    loaded,
+    logits_agree,
+)
 from tests.test_hf_weights import lowp_model
 
 transformers = pytest.importorskip("transformers")
@@ -56,45 +66,19 @@ def train(case: str, recipe: str, d):
     return d / "run"
 
 
-def loaded(case: str, out, fmt: str, dtype):
-    """transformers' own loader of an export: plain, FineGrainedFP8 (dequantized, as on a CPU), or
-    compressed-tensors (decompressed at the first forward)."""
-    extra = (
-        {"quantization_config": transformers.FineGrainedFP8Config(dequantize=True)} if fmt == "hf-fp8" else {}
-    )
-    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=dtype, **extra).eval()
-    with torch.no_grad():
-        model(torch.zeros(1, 4, dtype=torch.long))
-    assert type(model).__name__ == CASES[case][1]
-    return model
-
-
 @pytest.mark.parametrize("recipe", list(RECIPES))
 @pytest.mark.parametrize("case", ["qwen3_moe", "mixtral"])
 def test_hf_to_lowp_to_hf_under_each_recipe(case, recipe, tmp_path):
     run_dir = train(case, recipe, tmp_path)
-    start = read_safetensors(str(tmp_path / "hf"))
     export(str(run_dir), "hf", str(tmp_path / "bf16"))
-    bf16 = read_safetensors(str(tmp_path / "bf16"))
-    assert sorted(bf16) == sorted(start) and all(t.dtype == torch.bfloat16 for t in bf16.values())
-    expert = next(k for k in bf16 if ".experts.0." in k)
-    assert not torch.equal(bf16[expert], start[expert])  # the trained experts, not the initial ones
-    raw = json.loads((tmp_path / "bf16" / "config.json").read_text())
-    assert raw["model_type"] == case and raw["architectures"] == [CASES[case][1]]
+    bf16 = check_bf16_export(case, tmp_path / "bf16", read_safetensors(str(tmp_path / "hf")))
     exports = {"hf": (tmp_path / "bf16", bf16)}
     if (fmt := RECIPES[recipe][1]) is not None:
         export(str(run_dir), fmt, str(tmp_path / fmt), group_size=GROUP)
         exports[fmt] = (tmp_path / fmt, check_quantized_export(case, tmp_path / fmt, bf16, fmt, LAYERS))
     for fmt, (out, weights) in exports.items():
-        plain = tmp_path / f"{fmt}_config"  # lowp reads the architecture, without the quantization
-        plain.mkdir()
-        raw = json.loads((out / "config.json").read_text())
-        raw.pop("quantization_config", None)
-        (plain / "config.json").write_text(json.dumps(raw))
-        cfg, backend, lowp = lowp_model(plain)
+        cfg, backend, lowp = lowp_model(config_only(out, tmp_path / f"{fmt}_config"))
         load_into(lowp, hf_to_lowp(weights, cfg.model))
         model32, hf16 = loaded(case, out, fmt, torch.float32), loaded(case, out, fmt, torch.bfloat16)
-        got, want = held_weights(model32, cfg), hf_to_lowp(weights, cfg.model)
-        assert sorted(got) == sorted(want)
-        assert [k for k in want if not torch.equal(got[k], want[k])] == [], fmt  # what it loaded is lowp's
+        assert_holds(model32, cfg, weights)  # what transformers loaded is lowp's export
         logits_agree(model32, hf16, backend, lowp, drawn=16)
