@@ -236,8 +236,10 @@ def check_int4_groups(hf_sd: dict, group: int, source: str) -> None:
     bad = next((name for name, width in widths.items() if width % group), None)
     if bad is None:
         return
-    fits = math.gcd(*widths.values())
-    fits = max(g for g in range(1, min(fits, group) + 1) if fits % g == 0 and g & (g - 1) == 0)
+    width = math.gcd(*widths.values())
+    fits = width & -width  # the largest power of two dividing every width; no larger than the group
+    while fits > group:
+        fits //= 2
     raise ExportError(
         f"--format=hf-int4 with group size {group} ({source}): {bad} has {widths[bad]} inputs, not a "
         f"multiple of {group}, which compressed-tensors cannot read; use --group-size={fits}"
