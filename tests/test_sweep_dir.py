@@ -240,8 +240,11 @@ def test_a_sweep_that_cannot_write_its_directory_leaves_nothing(full_disk, capsy
 
 
 # -- signals and kills, through the CLI ----------------------------------------------------------------------
-# one job of gpt_tiny long enough to be stopped mid-run (it checkpoints at the step it is stopped at)
-LONG = """overrides: [model=gpt_tiny, backend=emulated, hardware=cpu, logger=none, steps=50, log_interval=1,
+# one job of gpt_tiny long enough to be stopped mid-run (it checkpoints at the step it is stopped at): the
+# signal, sent at its first logged step, must find it still running (50 steps take 2 s, and once a loaded
+# machine let them all finish first); the --resume that finishes it is what the length costs
+LONG_STEPS = 400
+LONG = f"""overrides: [model=gpt_tiny, backend=emulated, hardware=cpu, logger=none, steps={LONG_STEPS}, log_interval=1,
             eval_interval=0, eval_tokens=512, micro_batch_size=2, global_batch_size=2,
             data.num_tokens=20000, checkpoint_interval=-1]
 arms:
@@ -311,7 +314,7 @@ def test_ctrl_c_ends_with_one_line_whose_resume_command_finishes_the_sweep(tmp_p
     again = subprocess.run([sys.executable, *cmd[1:], "--no-report"], cwd=odd, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == 50
+    assert summary["status"] == "completed" and summary["steps"] == LONG_STEPS
     assert snapshot(sweep_dir) == jobs_before, "--resume rewrites neither jobs.yaml nor sweep.yaml"
 
 
