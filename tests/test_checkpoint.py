@@ -149,3 +149,34 @@ def test_te_parameter_names_map_back_to_the_canonical_ones():
         assert te_name(canonical) == te and canonical_name(te) == canonical
     with pytest.raises(KeyError):
         canonical_name("blocks.0.layer.self_attention.core_attention.weight")
+
+
+def test_moe_block_names_map_to_te_and_back():
+    """An MoE block on TE (harness.backends.te_moe) holds its norm as `layernorm_mlp.norm` and its MoE
+    layer, under the emulated model's names, as `layernorm_mlp.moe`; dense blocks of the same model
+    keep LayerNormMLP's names. Every tensor of an emulated model with a dense block, a shared expert and
+    its gate and the expert bias maps to one TE name and back."""
+    from harness.backends import build_backend
+    from harness.backends.te_names import canonical_name, te_names
+    from harness.train import backend_spec
+    from tests.helpers import compose_cfg
+
+    over = ["model=qwen3_moe_tiny", "hardware=cpu", "model.moe_layer_freq=[0,1]"]
+    over += ["model.moe_shared_expert_intermediate_size=32", "model.moe_shared_expert_gate=true"]
+    over += ["model.moe_router_score_function=sigmoid", "model.moe_router_enable_expert_bias=true"]
+    cfg = compose_cfg(*over)
+    model = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
+    names = te_names(model.state_dict())
+    assert {canonical_name(t) for t in names.values()} == set(names) and len(set(names.values())) == len(names)
+    want = {
+        "blocks.0.ln2.weight": "blocks.0.layer.layernorm_mlp.layer_norm_weight",
+        "blocks.0.mlp.fc1.weight": "blocks.0.layer.layernorm_mlp.fc1_weight",
+        "blocks.1.ln2.weight": "blocks.1.layer.layernorm_mlp.norm.weight",
+        "blocks.1.mlp.router.weight": "blocks.1.layer.layernorm_mlp.moe.router.weight",
+        "blocks.1.mlp.router.expert_bias": "blocks.1.layer.layernorm_mlp.moe.router.expert_bias",
+        "blocks.1.mlp.experts.fc1.weight": "blocks.1.layer.layernorm_mlp.moe.experts.fc1.weight",
+        "blocks.1.mlp.shared_experts.fc2.weight": "blocks.1.layer.layernorm_mlp.moe.shared_experts.fc2.weight",
+        "blocks.1.mlp.shared_experts_gate": "blocks.1.layer.layernorm_mlp.moe.shared_experts_gate",
+        "blocks.1.attn.qkv.weight": "blocks.1.layer.self_attention.layernorm_qkv.weight",
+    }
+    assert {k: names[k] for k in want} == want

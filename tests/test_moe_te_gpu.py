@@ -1,13 +1,19 @@
-"""TE's GroupedLinear against the emulator's experts: the quantized operands TE's grouped GEMMs
-multiply, expert by expert, equal lowp's codes and scales at atol=0 (docs/numerics_grouped.md).
+"""MoE on the TE backend against the emulated backend, on an H200 with TE 2.20.2.
 
-One expert group (qwen3_moe_tiny's block 0 fc1, or fc2 with router padding's signed zeros) runs two
-steps in TE 2.20.2's `GroupedLinear` under `te.autocast` and in lowp's `EmulatedGroupedLinear` on the
-CPU reference path, from the same bf16 weights and rows (tests/moe_paths.py: unaligned counts padded
-to the recipe's alignment, an empty and a one-token expert, per-expert magnitudes 2^e). TE's operands
-are snapshotted at each `general_grouped_gemm` call: fprop reads the weights' and inputs' rowwise
-copies, dgrad the weights' columnwise and the grads' rowwise copies, wgrad the inputs' and grads'
-columnwise copies. Delayed scaling's second step uses scales from the first step's amaxes on both.
+The quantized operands TE's grouped GEMMs multiply in lowp's TE expert group equal lowp's codes and
+scales at atol=0, expert by expert (docs/numerics_grouped.md): one expert group (qwen3_moe_tiny's
+block 0 fc1, or fc2 with router padding's signed zeros) runs two steps in the TE backend's
+`TEGroupedExperts` (TE's `GroupedLinear`) under its `te.autocast` and in lowp's
+`EmulatedGroupedLinear` on the CPU reference path, from the same bf16 weights and rows
+(tests/moe_paths.py: unaligned counts padded to the recipe's alignment, an empty and a one-token
+expert, per-expert magnitudes 2^e). TE's operands are snapshotted at each `general_grouped_gemm`
+call: fprop reads the weights' and inputs' rowwise copies, dgrad the weights' columnwise and the
+grads' rowwise copies, wgrad the inputs' and grads' columnwise copies. Delayed scaling's second step
+uses scales from the first step's amaxes on both.
+
+The TE MoE model computes the emulated model's function on the same weights (as the dense
+tests/test_hf_te_gpu.py checks, with its bound), and the MoE presets train 50 steps on TE under each
+Hopper recipe, with per-expert telemetry rows from TE's own quantizers.
 """
 
 from __future__ import annotations
@@ -19,9 +25,8 @@ import torch
 
 from benchmarks.fidelity.operands import te_parts
 from benchmarks.fidelity.quantizers import mismatches, valid_region
-from harness.backends.te_recipe import build_te_recipe
 from tests import moe_paths as P
-from tests.helpers import needs_cuda, needs_te
+from tests.helpers import compose_cfg, needs_cuda, needs_te
 
 pytestmark = [pytest.mark.gpu, needs_cuda, needs_te]
 
@@ -34,19 +39,28 @@ GEMMS = {
 }
 
 
-def run_te(recipe: str, splits, steps, weight: torch.Tensor):
-    """TE GroupedLinear over the group's bf16 weights: per step the snapshots of every grouped GEMM's
-    operand lists, in call order (fprop, dgrad, wgrad)."""
-    import transformer_engine.pytorch as te
+def te_group(recipe: str, fc: str, weight: torch.Tensor):
+    """(backend, group): lowp's TE backend for qwen3_moe_tiny under `recipe` and its block 0 expert
+    group `fc` (harness.backends.te_moe.TEGroupedExperts) holding `weight`, with an fp32 main grad
+    for TE's fused wgrad accumulation (the optimizer's MainGrads gives it one in a run)."""
+    from harness.backends import build_backend
+    from harness.train import backend_spec
+
+    over = [*P.RUN, "backend=te", "hardware=auto", f"recipe={recipe}", *P.RECIPES[recipe]]
+    backend = build_backend(backend_spec(compose_cfg(*over)), torch.device("cuda"))
+    group = getattr(backend.build_model().blocks[0].layer.layernorm_mlp.moe.experts, fc)
+    with torch.no_grad():
+        group.weight.copy_(weight.to(torch.bfloat16))
+    group.weight.main_grad = torch.zeros(group.weight.shape, dtype=torch.float32, device="cuda")
+    return backend, group
+
+
+def run_te(recipe: str, fc: str, splits, steps, weight: torch.Tensor):
+    """lowp's TE expert group over the group's bf16 weights: per step the snapshots of every grouped
+    GEMM's operand lists, in call order (fprop, dgrad, wgrad)."""
     import transformer_engine.pytorch.module.grouped_linear as gl
 
-    backend, _ = P.build(recipe, "cpu", False)
-    te_recipe = build_te_recipe(backend.spec.recipe, backend.spec.stability)
-    E, out_f, in_f = weight.shape
-    mod = te.GroupedLinear(E, in_f, out_f, bias=False, params_dtype=torch.bfloat16, device="cuda")
-    with torch.no_grad():
-        for i in range(E):
-            getattr(mod, f"weight{i}").copy_(weight[i].to(torch.bfloat16))
+    backend, mod = te_group(recipe, fc, weight)
     orig, calls = gl.general_grouped_gemm, []
 
     def spy(A, B, *rest, **kw):
@@ -59,7 +73,7 @@ def run_te(recipe: str, splits, steps, weight: torch.Tensor):
         for x, dy in steps:
             calls.clear()
             x = x.cuda().requires_grad_(True)
-            with te.autocast(enabled=True, recipe=te_recipe):
+            with backend.autocast():
                 y = mod(x, splits)
             y.backward(dy.cuda())
             per_step.append(list(calls))
@@ -97,7 +111,7 @@ def test_te_grouped_operands_are_lowps_codes_and_scales(recipe, routed):
     group = getattr(model.blocks[0].mlp.experts, fc)
     splits, steps = P.case_inputs(recipe, group, routed)
     _, codes = P.run_group(backend, group, splits, steps, "cpu")
-    te_steps = run_te(recipe, splits, steps, group.weight.detach())
+    te_steps = run_te(recipe, fc, splits, steps, group.weight.detach())
     kind = "block" if recipe == "blockwise" else "tensor"
     bad, compared = [], 0
     for step, calls in enumerate(te_steps):
@@ -128,3 +142,79 @@ def test_te_grouped_operands_are_lowps_codes_and_scales(recipe, routed):
     live = sum(1 for m in splits if m)
     assert compared == len(te_steps) * (2 * len(splits) + 4 * live)  # every weight, every live expert's rest
     assert not bad, f"{len(bad)} of {compared} operands differ: " + "; ".join(bad[:6])
+
+
+# every expert takes every token (top-k = all): no routing decision for bf16 noise to flip, so the
+# comparison sees the experts', the shared expert's and the norms' arithmetic and nothing else
+FUNCTION_CASES = {
+    "qwen3_moe_tiny": ["model=qwen3_moe_tiny", "model.moe_router_topk=8"],
+    "mixtral_tiny": ["model=mixtral_tiny", "model.moe_router_topk=4"],
+    "dense_then_moe_shared_expert": [
+        "model=qwen3_moe_tiny",
+        "model.moe_router_topk=8",
+        "model.moe_layer_freq=[0,1]",
+        "model.moe_shared_expert_intermediate_size=64",
+        "model.moe_shared_expert_gate=true",
+    ],
+}
+
+
+def _built(over: list[str], backend: str):
+    from harness.backends import build_backend
+    from harness.train import backend_spec
+
+    cfg = compose_cfg(*over, f"backend={backend}", "hardware=auto", "logger=none", "model.seq_length=64")
+    b = build_backend(backend_spec(cfg), torch.device("cuda"))
+    return cfg, b, b.build_model()
+
+
+@pytest.mark.parametrize("case", list(FUNCTION_CASES))
+def test_te_moe_model_computes_the_emulated_models_function(case):
+    from harness.interop.hf_weights import load_into
+    from tests.test_hf_te_gpu import forward, forward_fp32
+
+    cfg, emu_b, emu = _built(FUNCTION_CASES[case], "emulated")
+    with torch.no_grad():  # bf16-valued weights, larger than init so every part shapes the logits
+        for p in emu.parameters():
+            p.copy_(p.to(torch.bfloat16).float() * 4)
+    sd = {n: p.detach().clone() for n, p in emu.named_parameters()}
+    _, te_b, te = _built(FUNCTION_CASES[case], "te")
+    assert load_into(te, sd) == len(sd)
+    torch.manual_seed(0)
+    idx = torch.randint(0, cfg.model.vocab_size, (2, 64), device="cuda")
+    a, b = forward(emu_b, emu, idx), forward(te_b, te, idx)
+    noise = (a - forward_fp32(emu, idx)).abs().max().item()  # the same weights, fp32 GEMMs
+    assert 0 < noise and (a - b).abs().max().item() <= 3 * noise, ((a - b).abs().max().item(), noise)
+    last = f"blocks.{cfg.model.num_layers - 1}.mlp.experts.fc2.weight"  # control: two experts swapped
+    sd[last] = sd[last][[1, 0, *range(2, sd[last].shape[0])]]
+    load_into(te, sd)
+    assert (forward(te_b, te, idx) - a).abs().max().item() > 5 * noise
+
+
+@pytest.mark.parametrize("preset", ["qwen3_moe_tiny", "mixtral_tiny"])
+@pytest.mark.parametrize("recipe", ["bf16", *HOPPER])
+def test_moe_presets_train_on_te(tmp_path, preset, recipe):
+    """50 steps on TE, telemetry every 25: the loss falls, the load metrics are logged, and every
+    quantized expert group gives rows per expert (the N worst kept whole, the rest summed up)."""
+    import json
+
+    from harness.train import run
+
+    over = [f"model={preset}", "backend=te", "hardware=auto", f"recipe={recipe}", "logger=none", "steps=50"]
+    over += ["log_interval=10", "eval_tokens=2048", "micro_batch_size=8", "global_batch_size=8"]
+    over += ["telemetry_interval=25", "telemetry.moe_experts_per_layer=2"]
+    if recipe == "blockwise":  # TE's block-scaled GEMMs want 128-multiples
+        over += ["model.hidden_size=128", "model.kv_channels=32", "model.ffn_hidden_size=128"]
+        over += ["model.moe_ffn_hidden_size=128"] if preset == "qwen3_moe_tiny" else []
+    s = run(compose_cfg(*over), tmp_path)
+    assert s.status == "completed" and s.backend == "te"
+    assert math.isfinite(s.final_train_loss) and s.final_train_loss < 5.4
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "moe/tokens_per_expert_max_mean" in r]
+    assert logged and all(r["moe/tokens_per_expert_max_mean"] >= 1 for r in logged)
+    if recipe == "bf16":
+        return  # no quantized operand: no telemetry row
+    numerics = (tmp_path / "numerics.jsonl").read_text().splitlines()
+    layers = {json.loads(line)["layer"] for line in numerics}
+    experts = {x for x in layers if ".mlp.experts.fc1." in x and x.startswith("blocks.0.")}
+    assert "blocks.0.attn.qkv" in layers and len(experts) >= 3, sorted(layers)  # 2 worst, max, median

@@ -244,8 +244,8 @@ def test_a_sweep_that_cannot_write_its_directory_leaves_nothing(full_disk, capsy
 # signal, sent at its first logged step, must find it still running (50 steps take 2 s, and once a loaded
 # machine let them all finish first); the --resume that finishes it is what the length costs
 LONG_STEPS = 400
-LONG = f"""overrides: [model=gpt_tiny, backend=emulated, hardware=cpu, logger=none, steps={LONG_STEPS}, log_interval=1,
-            eval_interval=0, eval_tokens=512, micro_batch_size=2, global_batch_size=2,
+LONG = f"""overrides: [model=gpt_tiny, backend=emulated, hardware=cpu, logger=none, steps={LONG_STEPS},
+            log_interval=1, eval_interval=0, eval_tokens=512, micro_batch_size=2, global_batch_size=2,
             data.num_tokens=20000, checkpoint_interval=-1]
 arms:
   bf16: [recipe=bf16]

@@ -8,7 +8,7 @@ import torch
 
 from analysis.fidelity import rel
 from benchmarks.fidelity.common import Setup, curve, emulated_start, load_weights
-from harness.backends.te_weights import te_param_name
+from harness.backends.te_names import te_names
 
 
 def bump_ulps(sd: dict, frac: float = 1e-3, seed: int = 0) -> dict:
@@ -32,7 +32,7 @@ def step0_grads(setup: Setup, overrides: list[str], weights: dict) -> dict:
     tr = setup.trainer(*overrides)
     load_weights(tr, weights)
     te = tr.backend.name == "te"
-    names = {te_param_name(n) if te else n: n for n in weights}
+    names = {t: n for n, t in te_names(weights).items()} if te else {n: n for n in weights}
     tr.backend.microbatch(0, 1)
     x, y = tr._next_batch()
     with tr.backend.autocast():

@@ -12,6 +12,7 @@ recipe (or other fields) gets a nested autocast of it.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 import torch.nn as nn
@@ -19,21 +20,41 @@ import torch.nn as nn
 from harness import recipes
 from harness.backends.base import Backend, BackendSpec
 from harness.backends.te_env import set_nvte_env
+from harness.backends.te_moe import moe_mlp
 from harness.backends.te_qkv import install_packed_qkv_grad
 from harness.backends.te_recipe import build_te_recipe
 from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
 from harness.model.gpt import GPT, head_dims, norm, rope_inv_freq
+from harness.model.moe import moe_layer_pattern
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
-# te.TransformerLayer's GEMM weights (fuse_qkv_params=True), the ones INT4 QAT fake-quantizes
-TE_WEIGHTS = ("layernorm_qkv.weight", "proj.weight", "fc1_weight", "fc2_weight")
+MOE_LINEARS = ("attn.qkv", "attn.proj", "mlp.experts.fc1", "mlp.experts.fc2")
+SHARED_LINEARS = ("mlp.shared_experts.fc1", "mlp.shared_experts.fc2")
+# the GEMM weights INT4 QAT fake-quantizes, by their canonical (emulated GPT) names
+GEMM_WEIGHT = re.compile(
+    r"blocks\.\d+\.(attn\.(qkv|proj)|mlp\.(fc1|fc2|experts\.fc[12]|shared_experts\.fc[12]))\.weight"
+)
+
+
+def block_linears(m: ModelConfig, index: int) -> tuple[str, ...]:
+    """The quantizable linears of block `index`, relative to it (an MoE block's experts are groups)."""
+    if not moe_layer_pattern(m)[index]:
+        return LINEARS
+    return MOE_LINEARS + (SHARED_LINEARS if m.moe_shared_expert_intermediate_size else ())
 
 
 class TEBlock(nn.Module):
-    """One te.TransformerLayer; `context` (None = inherit the outer autocast) overrides its recipe."""
+    """One te.TransformerLayer; `context` (None = inherit the outer autocast) overrides its recipe.
+    `moe_mlp`: an MoE block's MLP (harness.backends.te_moe.TEMoEMLP), in place of its LayerNormMLP."""
 
     def __init__(
-        self, m: ModelConfig, index: int, fuse_wgrad: bool, context=None, first_microbatch=lambda: None
+        self,
+        m: ModelConfig,
+        index: int,
+        fuse_wgrad: bool,
+        context=None,
+        first_microbatch=lambda: None,
+        moe_mlp: nn.Module | None = None,
     ):
         super().__init__()
         import transformer_engine.pytorch as te
@@ -42,7 +63,7 @@ class TEBlock(nn.Module):
         heads, groups, head_dim = head_dims(m)
         self.layer = te.TransformerLayer(
             m.hidden_size,
-            m.ffn_hidden_size,
+            m.ffn_hidden_size if moe_mlp is None else 16,  # an MoE block's LayerNormMLP is replaced
             heads,
             num_gqa_groups=groups,
             kv_channels=head_dim,
@@ -70,6 +91,8 @@ class TEBlock(nn.Module):
         )
         if m.add_qkv_bias and not m.add_bias_linear:
             self.layer.self_attention.layernorm_qkv = qkv_with_bias(te, m, fuse_wgrad, std)
+        if moe_mlp is not None:  # the layer's forward calls it as layernorm_mlp(x, is_first_microbatch=)
+            self.layer.layernorm_mlp = moe_mlp
         self.context = context
         self.first_microbatch = first_microbatch  # TE's is_first_microbatch for this forward
 
@@ -151,7 +174,8 @@ class TEBackend(Backend):
 
     def _block_context(self, index: int):
         """None to inherit the run's autocast; else a nested autocast for this block's own recipe."""
-        planned = [recipes.quantizing(self.plan.recipe_for(f"blocks.{index}.{lin}")) for lin in LINEARS]
+        linears = block_linears(self.spec.model, index)
+        planned = [recipes.quantizing(self.plan.recipe_for(f"blocks.{index}.{lin}")) for lin in linears]
         if any(r != planned[0] for r in planned):
             labels = sorted({recipes.label(r) if r else recipes.BASELINE for r in planned})
             raise ValueError(
@@ -177,9 +201,18 @@ class TEBackend(Backend):
     def build_model(self) -> nn.Module:
         m, spec = self.spec.model, self.spec
         fp8_param = spec.optimizer.fp8_param and self.recipe is not None
+        first = lambda: self.first_microbatch  # noqa: E731
+        moe = moe_layer_pattern(m)
         with self.te.quantized_model_init(enabled=fp8_param, recipe=self.recipe):
             blocks = nn.ModuleList(
-                TEBlock(m, i, spec.fuse_wgrad_fp32, self._block_context(i), lambda: self.first_microbatch)
+                TEBlock(
+                    m,
+                    i,
+                    spec.fuse_wgrad_fp32,
+                    self._block_context(i),
+                    first,
+                    moe_mlp(self.te, self, m, i, spec.fuse_wgrad_fp32, first) if moe[i] else None,
+                )
                 for i in range(m.num_layers)
             )
         if spec.options.packed_qkv_grad:
@@ -222,12 +255,13 @@ class TEBackend(Backend):
 
     # ---- recipe hooks (INT4 fake-QAT: the bf16 params hold W-hat, FusedAdam's fp32 masters hold W) ---
     def _hooked_weights(self, model: nn.Module) -> list[nn.Parameter]:
-        return [
-            p
-            for n, p in model.blocks.named_parameters()
-            if n.endswith(TE_WEIGHTS)
-            and self.plan.recipe_for(f"blocks.{n.split('.')[0]}.attn.qkv") is not None
-        ]
+        """The GEMM weights whose linear the plan quantizes (an expert group's whole tensor)."""
+        out = []
+        for n, p in model.named_parameters():
+            name = self.canonical_name(n)
+            if GEMM_WEIGHT.fullmatch(name) and self.plan.recipe_for(name.rsplit(".", 1)[0]) is not None:
+                out.append(p)
+        return out
 
     def prepare(self, model: nn.Module, optimizer) -> None:
         if self.hook is not None:

@@ -1,7 +1,8 @@
 """Numerics telemetry on the TE backend: the emulated backend's rows, from TE's own quantizers.
 
 On a telemetry step `collect()` puts forward hooks on every quantizing block's four GEMM modules
-(LayerNormLinear QKV, Linear proj, LayerNormMLP fc1/fc2) and a gradient hook on their outputs; the
+(LayerNormLinear QKV, Linear proj, LayerNormMLP fc1/fc2; an MoE block's GroupedLinear expert groups,
+a row per expert, and its shared expert's Linears) and a gradient hook on their outputs; the
 block's `with` exit removes them all, so the other steps run TE untouched. Each hook takes the GEMM
 operand in high precision, quantizes it with a copy of that module's own TE quantizer for the role
 (`module.quantizers[...]`: same recipe, scale, block shape and flags as the step's), and reads the row
@@ -101,7 +102,9 @@ def _own_quantizer(module: nn.Module, fwd: bool, index: int):
     if not getattr(module, "fp8", False) or index >= len(qs) or qs[index] is None:
         return None
     q = qs[index].copy() if hasattr(qs[index], "copy") else copy.copy(qs[index])
-    device = next(module.parameters()).device  # a current-scaling copy allocates on cuda:0
+    # a current-scaling copy allocates on cuda:0; an expert group's GroupedLinear holds no parameter
+    device = next((p.device for p in module.parameters()), None)
+    device = device or torch.device("cuda", torch.cuda.current_device())
     for buf in ("scale", "amax"):  # own buffers: delayed scaling's amax history stays the step's
         if isinstance(getattr(q, buf, None), torch.Tensor):
             setattr(q, buf, getattr(q, buf).detach().clone().to(device))
@@ -184,11 +187,12 @@ class TETelemetry:
         try:
             for i, block in enumerate(self.model.blocks):
                 attn, mlp, p = block.layer.self_attention, block.layer.layernorm_mlp, f"blocks.{i}"
-                hooks = (
+                hooks = [
                     (attn.layernorm_qkv, self._linear_hook(f"{p}.attn.qkv", True)),
                     (attn.proj, self._linear_hook(f"{p}.attn.proj", False)),
-                    (mlp, self._mlp_hook(p)),
-                )
+                ]
+                moe = getattr(mlp, "moe", None)  # an MoE block's TEMoEMLP
+                hooks += self._moe_hooks(moe, f"{p}.mlp") if moe is not None else [(mlp, self._mlp_hook(p))]
                 handles += [mod.register_forward_hook(h, with_kwargs=True) for mod, h in hooks]
             yield rows
         finally:
@@ -257,6 +261,47 @@ class TETelemetry:
         qt = self._add(name, "grad", g2, _own_quantizer(mod, False, index))
         if then is not None:
             then(qt)
+
+    def _moe_hooks(self, moe: nn.Module, prefix: str) -> list:
+        """An MoE layer (harness.backends.te_moe): each expert group's rows, one per expert
+        (`<group>.<e>`, as the emulated backend names them), and the shared expert's linears."""
+        hooks = [(g, self._grouped_hook(f"{prefix}.experts.{fc}")) for fc, g in
+                 (("fc1", moe.experts.fc1), ("fc2", moe.experts.fc2))]  # fmt: skip
+        if moe.shared_experts is not None:
+            for fc in ("fc1", "fc2"):
+                mod = getattr(moe.shared_experts, fc)
+                hooks.append((mod, self._linear_hook(f"{prefix}.shared_experts.{fc}", False)))
+        return hooks
+
+    def _grouped_hook(self, name: str):
+        return lambda mod, args, kwargs, out: self._grouped_rows(mod, name, args, kwargs, out)
+
+    @_guarded
+    def _grouped_rows(self, mod, name: str, args, kwargs, out) -> None:
+        """TEGroupedExperts: expert e's rows of the (padded) input and of the output gradient, and
+        its weight, through the GroupedLinear's quantizers of GEMM e (TE's offsets: 3 forward
+        quantizers a GEMM, input then weight; 2 backward ones, the output gradient first). An expert
+        without rows has a weight row only, as in the emulated backend."""
+        x, m_splits = _module_input(args, kwargs), args[1] if len(args) > 1 else kwargs["m_splits"]
+        gemm = mod.gemm
+        for e, xe in enumerate(x.split(list(m_splits))):
+            if xe.shape[0]:
+                self._add(f"{name}.{e}", "input", xe.to(torch.bfloat16), _own_quantizer(gemm, True, 3 * e))
+            self._weight(f"{name}.{e}", mod.weight[e], _own_quantizer(gemm, True, 3 * e + 1))
+        y = _first_tensor(out)
+        if isinstance(y, torch.Tensor) and y.requires_grad:
+
+            def hook(g: torch.Tensor):
+                if self.rows is not None:
+                    self._grouped_grads(gemm, name, list(m_splits), g)
+
+            y.register_hook(hook)
+
+    @_guarded
+    def _grouped_grads(self, gemm, name: str, m_splits: list[int], g: torch.Tensor) -> None:
+        for e, ge in enumerate(g.detach().split(m_splits)):
+            if ge.shape[0]:
+                self._add(f"{name}.{e}", "grad", ge, _own_quantizer(gemm, False, 2 * e))
 
     def _mlp_hook(self, prefix: str):
         """LayerNormMLP: fc1 (input: its norm) and fc2 (input: act of the fc1 GEMM) rows; the fc2

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.backends.te_names import te_name as te_param_name  # the one map of TE names
+from harness.backends.te_names import te_name as te_param_name  # noqa: F401 - the one map of TE names
+from harness.backends.te_names import te_names
 
 
 def qkv_interleave(t: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -25,11 +26,11 @@ def qkv_interleave(t: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def te_state_from_emulated(sd: dict, n_head: int, interleave: bool = False) -> dict:
     """An emulated GPT state_dict in TEGPT's parameter names and layouts (values unchanged)."""
-    out = {}
+    out, names = {}, te_names(sd)
     for name, t in sd.items():
         if interleave and ".attn.qkv." in name:  # weight and bias
             t = qkv_interleave(t, n_head)
-        out[te_param_name(name)] = t
+        out[names[name]] = t
     return out
 
 

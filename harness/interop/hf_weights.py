@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from harness.backends.te_names import te_name
+from harness.backends.te_names import te_names
 from harness.config.schema import ModelConfig
 from harness.model.moe import moe_layer_pattern
 
@@ -270,7 +270,8 @@ def load_into(model: torch.nn.Module, lowp_sd: dict[str, torch.Tensor], option: 
     """Copy a lowp-named state dict into `model` (the emulated GPT or TEGPT), each parameter in its
     own dtype and device; refuses a missing, unused or mis-shaped tensor. Returns tensors copied."""
     te = any(".layer." in n for n, _ in model.named_parameters())
-    mapped = {te_name(n) if te else n: t for n, t in lowp_sd.items()}
+    names = te_names(lowp_sd) if te else {n: n for n in lowp_sd}
+    mapped = {names[n]: t for n, t in lowp_sd.items()}
     params = dict(model.named_parameters())  # a tied LM head appears once, as wte.weight
     missing = sorted(set(params) - set(mapped))
     unused = sorted(set(mapped) - set(params) - {"lm_head.weight"})

@@ -132,15 +132,16 @@ def _router_errors(m: ModelConfig) -> list[str]:
 
 
 def moe_support_errors(cfg: Config, te: bool) -> list[str]:
-    """What lowp does not run with experts yet: the TE backend, biases."""
+    """What lowp does not run with experts yet: FP8 primary weights on TE, biases."""
     m = cfg.model
     if m.num_moe_experts is None:
         return []
     errs = []
-    if te:
-        errs.append(
-            f"model.num_moe_experts={m.num_moe_experts} with backend=te: MoE layers run on the emulated "
-            "backend so far; use backend=emulated"
+    if te and cfg.optimizer.fp8_param:
+        errs.append(  # TE's experts would hold FP8 weights only as its experimental GroupedTensor
+            f"optimizer.fp8_param=true with model.num_moe_experts={m.num_moe_experts} on backend=te: "
+            "lowp's TE experts keep bf16 weights (TE quantizes them each step); set "
+            "optimizer.fp8_param=false or use backend=emulated"
         )
     if m.add_bias_linear:
         errs.append(
