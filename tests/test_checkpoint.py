@@ -167,7 +167,8 @@ def test_moe_block_names_map_to_te_and_back():
     cfg = compose_cfg(*over)
     model = build_backend(backend_spec(cfg), torch.device("cpu")).build_model()
     names = te_names(model.state_dict())
-    assert {canonical_name(t) for t in names.values()} == set(names) and len(set(names.values())) == len(names)
+    assert {canonical_name(t) for t in names.values()} == set(names)
+    assert len(set(names.values())) == len(names)
     want = {
         "blocks.0.ln2.weight": "blocks.0.layer.layernorm_mlp.layer_norm_weight",
         "blocks.0.mlp.fc1.weight": "blocks.0.layer.layernorm_mlp.fc1_weight",
@@ -175,7 +176,9 @@ def test_moe_block_names_map_to_te_and_back():
         "blocks.1.mlp.router.weight": "blocks.1.layer.layernorm_mlp.moe.router.weight",
         "blocks.1.mlp.router.expert_bias": "blocks.1.layer.layernorm_mlp.moe.router.expert_bias",
         "blocks.1.mlp.experts.fc1.weight": "blocks.1.layer.layernorm_mlp.moe.experts.fc1.weight",
-        "blocks.1.mlp.shared_experts.fc2.weight": "blocks.1.layer.layernorm_mlp.moe.shared_experts.fc2.weight",
+        "blocks.1.mlp.shared_experts.fc2.weight": (
+            "blocks.1.layer.layernorm_mlp.moe.shared_experts.fc2.weight"
+        ),
         "blocks.1.mlp.shared_experts_gate": "blocks.1.layer.layernorm_mlp.moe.shared_experts_gate",
         "blocks.1.attn.qkv.weight": "blocks.1.layer.self_attention.layernorm_qkv.weight",
     }

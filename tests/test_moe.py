@@ -423,7 +423,10 @@ REFUSED = {
 }
 REFUSED_RUNS = {  # whole groups: composed
     "stability.overrides=[{pattern:'*.experts.fc1.0',recipe:mxfp8}]": "selects experts of blocks.0",
-    "backend=te hardware=h100 recipe=tensorwise optimizer.fp8_param=true optimizer.use_distributed_optimizer=true": "TE experts keep bf16 weights",
+    (
+        "backend=te hardware=h100 recipe=tensorwise optimizer.fp8_param=true "
+        "optimizer.use_distributed_optimizer=true"
+    ): "TE experts keep bf16 weights",
 }
 
 
@@ -465,3 +468,20 @@ def test_moe_ffn_size_without_experts_and_the_megatron_export_are_refused(moe_co
     assert "moe_ffn_hidden_size=32 without model.num_moe_experts" in _one_line_error(dense)
     with pytest.raises(ConfigError, match="lowp's MoE layers have no biases"):
         prepare(_with(moe_config, "model.add_bias_linear=true"), for_export=True)
+
+
+def test_te_backend_knows_an_moe_blocks_linears_and_int4_weights():
+    """Without TE: the TE backend asks the plan about an MoE block's own linears (its expert groups and
+    shared expert, for the block's autocast) and fake-quantizes INT4 GEMM weights by canonical name,
+    expert groups whole, never a norm, the router or the LM head."""
+    from harness.backends.te import GEMM_WEIGHT, block_linears
+
+    cfg = compose_config(["model=qwen3_moe_tiny", "model.moe_layer_freq=[0,1]", "hardware=cpu",
+                          "model.moe_shared_expert_intermediate_size=32"])  # fmt: skip
+    assert block_linears(cfg.model, 0) == ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+    assert block_linears(cfg.model, 1) == ("attn.qkv", "attn.proj", "mlp.experts.fc1", "mlp.experts.fc2",
+                                           "mlp.shared_experts.fc1", "mlp.shared_experts.fc2")  # fmt: skip
+    names = ["blocks.0.attn.qkv.weight", "blocks.1.mlp.experts.fc1.weight",
+             "blocks.1.mlp.shared_experts.fc2.weight", "blocks.0.mlp.fc2.weight", "blocks.0.ln1.weight",
+             "blocks.1.mlp.router.weight", "blocks.0.attn.qkv.bias", "lm_head.weight"]  # fmt: skip
+    assert [n for n in names if GEMM_WEIGHT.fullmatch(n)] == names[:4]
