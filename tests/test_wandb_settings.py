@@ -121,3 +121,15 @@ def test_the_documented_agent_command_runs_with_the_agents_environment(tmp_path)
                                  "mode": "WANDB_MODE"}  # fmt: skip
     assert len(run["attempts"]) == 2 and "already complete" in res.stdout + res.stderr
     assert {p.name.rsplit("-", 1)[1] for p in (run_dir / "wandb").glob("offline-run-*")} == {"agentrun1"}
+
+
+def test_a_sweep_leaves_its_group_to_wandb_run_group_where_that_is_set(monkeypatch, tmp_path):
+    from harness.multirun import launch as L
+
+    args = L.parse_args(["tiny_matrix", f"hydra.sweep.dir={tmp_path / 's'}"])
+    monkeypatch.delenv("WANDB_RUN_GROUP", raising=False)
+    assert all(
+        any(o.startswith("logger.wandb.group=tiny_matrix/") for o in j.overrides) for j in L.plan(args).jobs
+    )
+    monkeypatch.setenv("WANDB_RUN_GROUP", "mine")
+    assert not any(o.startswith("logger.wandb.group=") for j in L.plan(args).jobs for o in j.overrides)
