@@ -106,7 +106,8 @@ def test_the_documented_agent_command_runs_with_the_agents_environment(tmp_path)
     config_util.save_config_file_from_dict(str(params), {k: {"value": v} for k, v in point.items()})
     env = {"WANDB_SWEEP_ID": "sw1", "WANDB_RUN_ID": "agentrun1", "WANDB_PROJECT": "agentproj",
            "WANDB_ENTITY": "agentteam", "WANDB_SWEEP_PARAM_PATH": str(params), "WANDB_MODE": "offline",
-           "WANDB_SILENT": "true", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # fmt: skip
+           "WANDB_SILENT": "true", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "PYTHONPATH": str(REPO)}  # this checkout's lowp, whatever is installed  # fmt: skip
     cmd = agent_command(sweep, point)
     assert cmd[-2:] == ["recipe=tensorwise", "optimizer.lr=0.001"]
     for _ in range(2):  # the agent starting the same run again: it resumes, same W&B run
