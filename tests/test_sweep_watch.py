@@ -88,6 +88,8 @@ def test_logs_prints_a_jobs_log_by_name_number_or_prefix(capsys, tmp_path):
     for given in ("1_mxfp8_s0", "1", "1_mx"):
         assert L.main(["logs", str(sweep_dir), given]) == 0
         assert capsys.readouterr().out == "step 1/40 ...\nstep 2/40 ...\n"
+    assert L.main(["logs", str(sweep_dir), "0", "-f"]) == 0  # followed until its run ended: at once here
+    assert capsys.readouterr().out == "step 1/40 ...\nstep 2/40 ...\n"
     assert L.main(["logs", str(sweep_dir), "2"]) == 1
     assert "2_nvfp4_s0 has no log yet" in capsys.readouterr().err
     assert L.main(["logs", str(sweep_dir), "x"]) == 2
