@@ -189,8 +189,9 @@ def _ended(sweep_dir: Path, job: Job) -> bool:
 # -- cancel -----------------------------------------------------------------------------------------------
 def cancel(sweep_dir: Path, jobs: list[Job], wait_s: float = 120.0) -> int:
     """SIGTERM to the driver's process group where it leads one, else to the driver (it relays the
-    stop to its launcher, whose local jobs checkpoint and end), then scancel of the recorded Slurm jobs
-    that did not finish. Waits up to `wait_s` for the driver to let go of the directory."""
+    stop to its launcher, whose local jobs checkpoint and end; it submits no more Slurm jobs), waiting up
+    to `wait_s` for it to let go of the directory; then scancel of the recorded Slurm jobs that did not
+    finish (read once the driver is gone, so none it submitted is missed)."""
     said = []
     holder = driver(sweep_dir)
     if holder is not None:
@@ -206,6 +207,11 @@ def cancel(sweep_dir: Path, jobs: list[Job], wait_s: float = 120.0) -> int:
             said.append(f"driver pid {pid} stopped (SIGTERM; local jobs checkpoint and end)")
         except ProcessLookupError:
             pass
+        end = time.monotonic() + wait_s
+        while driver(sweep_dir) is not None and time.monotonic() < end:
+            time.sleep(0.5)
+        if driver(sweep_dir) is not None:
+            said.append(f"the driver still holds the directory after {wait_s:.0f}s")
     ids = D.slurm_jobs(sweep_dir)
     left = [
         ids[j.name]
@@ -222,17 +228,13 @@ def cancel(sweep_dir: Path, jobs: list[Job], wait_s: float = 120.0) -> int:
             )
             return 1
         if out.returncode:
-            print(f"error: scancel {' '.join(left)}: {out.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            why = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[-1]
+            print(f"error: scancel {' '.join(left)}: {why}; cancel those Slurm jobs by hand", file=sys.stderr)
             return 1
         said.append(f"Slurm jobs {' '.join(left)} cancelled (scancel)")
     if not said:
         print(f"nothing to cancel: no driver holds {sweep_dir} and no Slurm job of it is unfinished")
         return 0
-    end = time.monotonic() + wait_s
-    while holder is not None and driver(sweep_dir) is not None and time.monotonic() < end:
-        time.sleep(0.5)
-    if holder is not None and driver(sweep_dir) is not None:
-        said.append(f"the driver still holds the directory after {wait_s:.0f}s")
     print("; ".join(said))
     print(f"resume with: {resume_command(sweep_dir)}")
     return 0
