@@ -40,6 +40,10 @@ def test_running_jobs_show_step_loss_tokens_and_an_eta_before_any_job_ends(tmp_p
         text = out.getvalue()
         # a's 38 steps at 0.1 s + b's 30 at 0.05 s + the queued job at the mean length (4 s and 2 s)
         assert progress.eta_s() == (3.8 + 1.5 + 3.0) / 2
+        # a finished job's length is the time it was seen running (start-up included), not its wall_time_s
+        progress.running[b.name].since -= 7.0
+        progress.finished(b.name, {"status": "completed", "wall_time_s": 2.0})
+        assert 7.0 <= progress.lengths[0] < 8.0
     assert "ETA 0m04s" in text, text
     assert "  0_bf16_s0                        step 2/40  loss 5.2500  2.5k tok/s  left 0m03s" in text
     assert "  1_mxfp8_s0                       step 10/40  loss 4.7500  1.50M tok/s  left 0m01s" in text

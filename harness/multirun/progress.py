@@ -7,7 +7,8 @@ tokens/s from the last row of its metrics.jsonl (its step count from run.json), 
 numbers from summary.json (recipe, seed, final eval loss, status), the only place that knows how a run
 ended. The ETA adds up each running job's steps left at its own step rate (measured by this process
 between polls, else its logged step time) and, for the jobs not started, the mean length of the jobs
-seen so far, spread over the jobs running at once: it shows from the first logged step on.
+seen so far (start-up included), spread over the jobs running at once: it shows from the first logged
+step on.
 On a terminal the lines are redrawn in place (rich); elsewhere (CI logs, `nohup`, a pipe) the status
 line and one line per running job are printed every `plain_every_s` seconds while anything changed
 (`hydra.launcher.progress_s`), so logs are neither silent nor flooded.
@@ -64,6 +65,7 @@ def planned_steps(run_dir: Path) -> int | None:
 class RunningJob:
     """What this process has seen of one running job: its last row and the pace between polls."""
 
+    since: float  # when it was first seen running (its start-up counts toward its length)
     steps: int | None = None
     step: int = 0
     loss: float | None = None
@@ -92,8 +94,11 @@ class RunningJob:
         return None if rate is None or self.steps is None else max(0, self.steps - self.step) * rate
 
     def length_s(self) -> float | None:
+        """Its start-up (until its first row) and all its steps at its pace."""
         rate = self.s_per_step()
-        return None if rate is None or self.steps is None else self.steps * rate
+        if rate is None or self.steps is None or self.first is None:
+            return None
+        return self.first[0] - self.since + self.steps * rate
 
 
 def fmt_rate(x) -> str:
@@ -165,7 +170,7 @@ class SweepProgress:
         self.done = self.failed = 0
         self.counts = {"running": 0, "queued": total}
         self.running: dict[str, RunningJob] = {}  # name -> what was seen of it, while it runs
-        self.lengths: list[float] = []  # seconds each finished job took (summary.json wall_time_s)
+        self.lengths: list[float] = []  # seconds each finished job took (seen here, else its wall_time_s)
         self._live = None
         self._plain_last: tuple | None = None
         self._plain_t = 0.0
@@ -241,7 +246,7 @@ class SweepProgress:
 
     def _read(self, run_dirs: dict[str, Path]) -> None:
         now = time.monotonic()
-        self.running = {name: self.running.get(name) or RunningJob() for name in run_dirs}
+        self.running = {name: self.running.get(name) or RunningJob(since=now) for name in run_dirs}
         for name, run_dir in run_dirs.items():
             job = self.running[name]
             row = last_train_row(run_dir)
@@ -251,8 +256,10 @@ class SweepProgress:
 
     def finished(self, name: str, summary: dict | None, note: str = "") -> None:
         self.done += 1
-        self.running.pop(name, None)
-        if isinstance((summary or {}).get("wall_time_s"), (int, float)):
+        seen = self.running.pop(name, None)
+        if seen is not None:  # as long as it ran here, start-up included (also a requeued job's wait)
+            self.lengths.append(time.monotonic() - seen.since)
+        elif isinstance((summary or {}).get("wall_time_s"), (int, float)):
             self.lengths.append(summary["wall_time_s"])
         if (summary or {}).get("status", "missing") in FAILED:
             self.failed += 1
