@@ -96,6 +96,12 @@ def test_logs_prints_a_jobs_log_by_name_number_or_prefix(capsys, tmp_path):
     assert capsys.readouterr().out == "step 1/40 ...\nstep 2/40 ...\n"
     assert L.main(["logs", str(sweep_dir), "2"]) == 1
     assert "2_nvfp4_s0 has no log yet" in capsys.readouterr().err
+    # a Slurm job that failed before its run logged anything: its submitit output
+    (sweep_dir / "slurm_jobs.json").write_text('{"2_nvfp4_s0": "77"}')
+    (sweep_dir / ".submitit" / "77").mkdir(parents=True)
+    (sweep_dir / ".submitit" / "77" / "77_0_log.out").write_text("setup: module: command not found\n")
+    assert L.main(["logs", str(sweep_dir), "2"]) == 0
+    assert capsys.readouterr().out == "setup: module: command not found\n"
     assert L.main(["logs", str(sweep_dir), "x"]) == 2
     assert capsys.readouterr().err.startswith(
         f"error: logs {sweep_dir} x: no single job of that name; jobs: 0_bf16_s0"

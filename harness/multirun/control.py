@@ -1,7 +1,8 @@
 """A sweep seen and steered from another shell, read from its directory alone (NeMo-Run's status/logs/cancel):
 
     python -m harness.sweep status DIR           every job's state, step, losses and tokens/s; the driver
-    python -m harness.sweep logs DIR JOB [-f]    the job's train.log (JOB: its name, number or a prefix);
+    python -m harness.sweep logs DIR JOB [-f]    the job's train.log (JOB: its name, number or a prefix;
+                                                 a Slurm job's submitit output before it has one);
                                                  -f follows it until the job ends
     python -m harness.sweep cancel DIR           stop the sweep: the driver (its process group: local jobs
                                                  checkpoint and end) and, on Slurm, scancel of its jobs
@@ -156,9 +157,18 @@ def find_job(jobs: list[Job], given: str, sweep_dir: Path) -> Job:
     raise SweepError(f"logs {sweep_dir} {given}: no single job of that name; jobs: {named}")
 
 
+def log_path(sweep_dir: Path, job: Job) -> Path:
+    """The job's train.log; before there is one, its Slurm job's submitit output where that exists (a
+    job that failed before its run started logging, e.g. in a site preset's `setup` lines)."""
+    own = sweep_dir / job.name / "train.log"
+    slurm_id = D.slurm_jobs(sweep_dir).get(job.name)
+    submitit = sweep_dir / ".submitit" / str(slurm_id) / f"{slurm_id}_0_log.out"
+    return submitit if not own.exists() and slurm_id and submitit.exists() else own
+
+
 def logs(sweep_dir: Path, job: Job, follow: bool) -> int:
-    """Print the job's train.log; with `follow`, new lines as they come until its run ends."""
-    path = sweep_dir / job.name / "train.log"
+    """Print the job's log (log_path); with `follow`, new lines as they come until its run ends."""
+    path = log_path(sweep_dir, job)
     if not follow and not path.exists():
         print(f"error: {job.name} has no log yet ({path}); it has not started", file=sys.stderr)
         return 1
