@@ -1,5 +1,6 @@
 """`python -m harness.sweep NAME [overrides] [--dry-run] [--resume DIR]`: launch a named sweep
-(harness.multirun.launch, whose docstring is the help text)."""
+(harness.multirun.launch, whose docstring is the help text); `python -m harness.sweep status|logs|cancel
+DIR ...`: watch or stop one from any shell (harness.multirun.control)."""
 
 from __future__ import annotations
 

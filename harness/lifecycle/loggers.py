@@ -2,6 +2,13 @@
 
 Each run opens and closes its own W&B run, grouped per sweep, job_type = recipe, with `tokens` as the
 x-axis of every metric. wandb is imported lazily: logger=none never touches it.
+
+Each of project, entity, group and mode is resolved as W&B users expect: an explicit `logger.wandb.*`
+override, else its W&B variable (WANDB_PROJECT, WANDB_ENTITY, WANDB_RUN_GROUP, WANDB_MODE), else the
+preset's value (the group: the sweep's); run.json's `wandb.sources` says which won for each. Under a
+W&B sweep agent (WANDB_SWEEP_ID set) the agent owns the run: project, entity and the run id are left to
+it, and the mode defaults to online (an explicit override or WANDB_MODE still wins, e.g. offline in
+tests). The W&B id is recorded in run.json, so a resumed run continues the same W&B run.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import os
 from pathlib import Path
 
 from harness.config.errors import ConfigError
-from harness.config.schema import LoggerConfig
+from harness.config.schema import LoggerConfig, WandbConfig
 from harness.lifecycle.metrics import TOKENS
 
 
@@ -36,9 +43,10 @@ class NullLogger:
 
 
 class WandbLogger:
-    def __init__(self, run):
+    def __init__(self, run, sources: dict | None = None):
         self.run = run
         self.run_id = run.id
+        self.sources = sources or {}
         self.lost = False
         run.define_metric(TOKENS)
         run.define_metric("*", step_metric=TOKENS)
@@ -82,6 +90,9 @@ class WandbLogger:
             "mode": self.run.settings.mode,
             "dir": str(self.run.dir),
             "name": self.run.name,
+            "entity": self.run.entity or None,
+            "sweep_id": getattr(self.run, "sweep_id", None),
+            "sources": self.sources,
         }
 
 
@@ -120,36 +131,39 @@ def open_logger(
     """Yield a logger; the W&B run is finished when the block exits (also on failure).
 
     `run_id`: a resumed run's W&B id (kept in run.json): the same W&B run continues (resume="allow")."""
-    if cfg.name == "none" or cfg.wandb.mode == "disabled":
+    if cfg.name == "none":
+        yield NullLogger()
+        return
+    settings, sources = resolve_settings(cfg.wandb, explicit_keys(cfg.wandb), os.environ, group)
+    if settings["mode"] == "disabled":
         yield NullLogger()
         return
     os.environ.setdefault("WANDB_SILENT", "true")  # lowp prints its own one-line progress
     import wandb
 
-    w = cfg.wandb
     run = _init(
         wandb,
-        w.mode,
-        project=w.project,
-        entity=w.entity,
-        group=w.group or group,
+        settings["mode"],
+        project=settings["project"],
+        entity=settings["entity"],
+        group=settings["group"],
         job_type=job_type,
         name=name,
-        tags=sorted({t[:WANDB_TAG_MAX] for t in (*tags, *w.tags)}),
+        tags=sorted({t[:WANDB_TAG_MAX] for t in (*tags, *cfg.wandb.tags)}),
         config=config,
         dir=str(run_dir),
         reinit="finish_previous",
-        id=run_id,
+        id=run_id,  # under an agent, none but a resumed run's own: the agent's WANDB_RUN_ID
         resume="allow" if run_id else None,
     )
     from harness.lifecycle.artifacts import slurm_env
 
     # the Slurm job of this attempt (a requeued job keeps its W&B run; restart_count says which attempt)
     run.config.update({"slurm": slurm_env()}, allow_val_change=True)
-    logging.getLogger("lowp").info("W&B %s run %s in %s", w.mode, run.id, run.dir)
+    logging.getLogger("lowp").info("W&B %s run %s in %s", settings["mode"], run.id, run.dir)
     exit_code = 1
     try:
-        yield WandbLogger(run)
+        yield WandbLogger(run, sources)
         exit_code = 0
     finally:
         try:
@@ -157,6 +171,64 @@ def open_logger(
         except Exception as exc:  # noqa: BLE001 - e.g. its service process took the same SIGTERM
             # the run's own files are complete; W&B's shutdown must not turn a clean stop into a failure
             logging.getLogger("lowp").warning("W&B run %s did not finish cleanly: %s", run.id, exc)
+
+
+WANDB_VARS = {
+    "project": "WANDB_PROJECT",
+    "entity": "WANDB_ENTITY",
+    "group": "WANDB_RUN_GROUP",
+    "mode": "WANDB_MODE",
+}
+WANDB_MODES = {
+    "online": "online",
+    "offline": "offline",
+    "disabled": "disabled",
+    "run": "online",
+    "dryrun": "offline",
+}
+AGENT = "sweep agent"
+
+
+def explicit_keys(w: WandbConfig) -> set[str]:
+    """The `logger.wandb.*` settings given explicitly: named in the command line's (or the sweep job's)
+    overrides where Hydra composed the run, else those that differ from the schema's default."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+        return {k for k in WANDB_VARS if f"logger.wandb.{k}" in given}
+    except ValueError:  # no Hydra (a run started from Python)
+        default = WandbConfig()
+        return {k for k in WANDB_VARS if getattr(w, k) != getattr(default, k)}
+
+
+def resolve_settings(
+    w: WandbConfig, explicit: set[str], env, sweep_group: str | None = None
+) -> tuple[dict, dict]:
+    """(project, entity, group, mode) and, for each, what set it: `override`, its WANDB_* variable,
+    `preset` (the group: `sweep` where the sweep's), or `sweep agent` (WANDB_SWEEP_ID set: project and
+    entity are the agent's, passed as None so that W&B takes them from the agent's environment; the mode
+    defaults to online)."""
+    agent = bool(env.get("WANDB_SWEEP_ID"))
+    values, sources = {}, {}
+    for key, var in WANDB_VARS.items():
+        if agent and key in ("project", "entity"):
+            values[key], sources[key] = None, AGENT
+        elif key in explicit:
+            values[key], sources[key] = getattr(w, key), "override"
+        elif env.get(var):
+            values[key], sources[key] = env[var], var
+        elif key == "mode" and agent:
+            values[key], sources[key] = "online", AGENT
+        elif key == "group" and not w.group and sweep_group:
+            values[key], sources[key] = sweep_group, "sweep"
+        else:
+            values[key], sources[key] = getattr(w, key), "preset"
+    if values["mode"] not in WANDB_MODES:
+        said = "WANDB_MODE" if sources["mode"] == "WANDB_MODE" else "logger.wandb.mode"
+        raise ConfigError(f"{said}={values['mode']}: not a W&B mode; use online, offline or disabled")
+    values["mode"] = WANDB_MODES[values["mode"]]
+    return values, sources
 
 
 def _init(wandb, mode: str, **kwargs):

@@ -3,14 +3,16 @@
     python -m harness.sweep NAME [overrides...] [--dry-run] [--no-report]   (NAME or path/to/sweep.yaml)
     python -m harness.sweep NAME --resume SWEEP_DIR [hydra/launcher=...]
     python -m harness.sweep --list
+    python -m harness.sweep status DIR | logs DIR JOB [-f] | cancel DIR      (harness.multirun.control)
 
 Overrides apply to every job (baselines included) and win over the file's; `seed=0,1,2` replaces the
 sweep's seeds; another comma list multiplies the sweep. `hydra/launcher=local_parallel|slurm|<site>`
 and `hydra.*` overrides go to Hydra (default launcher: `serial`, one job at a time with live progress).
-`--dry-run` prints every job with its validation verdict and runs nothing. The sweep lands in
+`--dry-run` prints each job with its validation verdict as it is composed and runs nothing. The sweep lands in
 multirun/NAME/<date_time> (or hydra.sweep.dir=, a new or empty directory), which it owns: sweep.yaml
 records the sweep's name, its file's sha256 and the extra overrides, jobs.yaml the job list; another
-launch into it is refused. Its W&B group is NAME/<date_time>.
+launch into it is refused. Its W&B group is NAME/<date_time> (WANDB_RUN_GROUP, where set, wins).
+`status`, `logs` and `cancel` are reserved: no sweep file may take those names.
 
 `--resume SWEEP_DIR` relaunches the jobs that did not finish (completed and diverged ones are skipped;
 interrupted runs resume from their checkpoints) with the launch's overrides; it may change only the
@@ -21,13 +23,15 @@ watched again, not resubmitted.
 Ctrl-C, SIGTERM or SIGHUP stop the sweep with one line and the command that resumes it: local jobs
 checkpoint and end, Slurm jobs go on (a second signal ends local jobs at once). Killing this process
 ends its local jobs too. At the end: a summary table of every job's status, the report
-(`python -m analysis.report SWEEP_DIR`, whatever the statuses; `--no-report` skips it) and an exit code
+(`python -m analysis.report SWEEP_DIR`, whatever the statuses, with `--wandb` when the runs logged to W&B,
+in their mode; `--no-report` skips it) and an exit code
 equal to the number of jobs that did not finish (failed, preempted, or no summary at all), capped at 100;
 2 with nothing launched means a configuration error, named on stderr; 128 + the signal after a stop.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -41,6 +45,7 @@ from omegaconf import OmegaConf
 
 from harness.config.paths import SWEEPS_DIR
 from harness.config.schema import Config
+from harness.multirun import control
 from harness.multirun import sweepdir as D
 from harness.multirun.progress import FINISHED, fmt_duration, fmt_loss, read_summary
 from harness.multirun.spec import (
@@ -63,7 +68,14 @@ FLAGS = ("--dry-run", "--no-report", "--report")
 def parse_args(argv: list[str]) -> dict:
     if not argv or argv[0] in ("-h", "--help", "--list"):
         return {"help": True}
-    args = {"name": argv[0], "extra": [], "resume": None, "help": False}
+    if argv[0] in control.COMMANDS:
+        return {"help": False, "command": argv[0], "rest": argv[1:]}
+    if sweep_name(argv[0]) in control.COMMANDS:
+        raise SweepError(
+            f"{argv[0]}: a sweep may not be named {sweep_name(argv[0])!r} (reserved for "
+            f"`python -m harness.sweep {control.USAGE}`); rename its file"
+        )
+    args = {"name": argv[0], "extra": [], "resume": None, "help": False, "command": None}
     args.update({f.lstrip("-").replace("-", "_"): False for f in FLAGS})
     it = iter(argv[1:])
     for a in it:
@@ -128,7 +140,9 @@ def plan(args: dict) -> Sweep:
     D.check_free(sweep_dir)
     group = hydra_value(f"{name}/{stamp}")
     for job in jobs:
-        if not any(key_of(o) == "logger.wandb.group" for o in job.overrides):
+        if not os.environ.get("WANDB_RUN_GROUP") and not any(
+            key_of(o) == "logger.wandb.group" for o in job.overrides
+        ):
             job.overrides.insert(-2, f"logger.wandb.group={group}")
     hydra_args = [a for a in hydra_args if key_of(a) != "hydra.sweep.dir"]
     extra = [a for a in args["extra"] if key_of(a) != "hydra.sweep.dir"]  # the directory is where it is
@@ -232,18 +246,26 @@ class Validator:
         return "ok" + "".join(f"; warning: {n}" for n in notes)
 
 
-def validate_jobs(jobs: list[Job]) -> int:
+def validate_jobs(jobs: list[Job], each=None) -> int:
+    """Every job's verdict (finished ones skipped); `each(job)` is called as each one is known."""
     with Validator() as v:
         for job in jobs:
-            job.verdict = v.verdict(job)
+            if not job.skip:
+                job.verdict = v.verdict(job)
+            if each is not None:
+                each(job)
     return sum(j.verdict.startswith("error") for j in jobs)
 
 
-def print_jobs(jobs: list[Job], sweep_dir: Path, stream=sys.stdout) -> None:
-    for job in jobs:
-        own = [o for o in job.overrides if not key_of(o).startswith(("hydra.", "name", "logger.wandb.group"))]
-        state = "skip (finished)" if job.skip else job.verdict
-        print(f"{job.name:<34} {state}\n    {' '.join(own)}", file=stream)
+def print_job(job: Job, stream=None) -> None:
+    own = [o for o in job.overrides if not key_of(o).startswith(("hydra.", "name", "logger.wandb.group"))]
+    state = "skip (finished)" if job.skip else job.verdict
+    print(f"{job.name:<34} {state}\n    {' '.join(own)}", file=stream or sys.stdout, flush=True)
+
+
+def print_jobs(jobs: list[Job], sweep_dir: Path, stream=sys.stdout, each: bool = True) -> None:
+    for job in jobs if each else ():
+        print_job(job, stream)
     n_skip = sum(j.skip for j in jobs)
     bad = sum(j.verdict.startswith("error") for j in jobs)
     to_run = len(jobs) - n_skip
@@ -352,6 +374,30 @@ def print_table(title: str, rows: list[tuple]) -> None:
     Console(width=max(100, Console().width)).print(table)
 
 
+def wandb_modes(sweep: Sweep) -> set[str]:
+    """The W&B modes the sweep's runs logged in (run.json `wandb`; empty where none used W&B)."""
+    modes = set()
+    for job in sweep.jobs:
+        try:
+            logged = json.loads((sweep.sweep_dir / job.name / "run.json").read_text()).get("wandb")
+        except (OSError, ValueError):
+            continue
+        if isinstance(logged, dict) and logged.get("mode"):
+            modes.add(str(logged["mode"]))
+    return modes
+
+
+def report_command(sweep: Sweep) -> tuple[list[str], dict]:
+    """analysis.report of the sweep, logged to W&B (`--wandb`) when its runs logged there, in their
+    mode (online only where every run was online) unless WANDB_MODE says otherwise."""
+    cmd = [sys.executable, "-m", "analysis.report", str(sweep.sweep_dir)]
+    modes, env = wandb_modes(sweep), dict(os.environ)
+    if modes:
+        cmd.append("--wandb")
+        env.setdefault("WANDB_MODE", "online" if modes == {"online"} else "offline")
+    return cmd, env
+
+
 def say(line: str) -> None:
     """One line on stderr, where there still is one (SIGHUP: the terminal may be gone)."""
     try:
@@ -385,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(__doc__.strip())
                 print("sweeps:", ", ".join(known_sweeps()))
                 return 0
+            if args["command"]:
+                return control.main(args["command"], args["rest"])
             sweep = plan(args)
             return run(sweep, args, stop)
         except SweepError as exc:
@@ -404,9 +452,11 @@ def run(sweep: Sweep, args: dict, stop: StopSignals) -> int:
     try:
         if sweep.resume:
             mark_finished(sweep.jobs, sweep.sweep_dir)
-        bad = validate_jobs([j for j in sweep.jobs if not j.skip])
+        # a dry run prints each job's verdict as it is composed; a launch lists them only when one is bad
+        bad = validate_jobs(sweep.jobs, print_job if args["dry_run"] else None)
         if args["dry_run"] or bad:
-            print_jobs(sweep.jobs, sweep.sweep_dir, sys.stdout if args["dry_run"] else sys.stderr)
+            stream = sys.stdout if args["dry_run"] else sys.stderr
+            print_jobs(sweep.jobs, sweep.sweep_dir, stream, each=not args["dry_run"])
             if bad:
                 say(f"error: {bad} invalid jobs in sweep {sweep.name}; nothing launched")
             return 2 if bad else 0
@@ -418,8 +468,9 @@ def run(sweep: Sweep, args: dict, stop: StopSignals) -> int:
         if left:
             print(f"resume: {sweep.resume_command()}")
         if not args["no_report"]:
-            print(f"report: python -m analysis.report {shlex.quote(str(sweep.sweep_dir))}")
-            stop.run([sys.executable, "-m", "analysis.report", str(sweep.sweep_dir)])
+            report, env = report_command(sweep)
+            print(f"report: {shlex.join(['python', *report[1:]])}")
+            stop.run(report, env=env)
             if stop.signum:
                 return stopped(sweep, stop.signum)
     finally:

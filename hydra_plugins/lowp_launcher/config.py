@@ -3,7 +3,8 @@
 
 The launcher fields are hydra-submitit-launcher's (so its documentation applies) plus lowp's own:
 `sweep_name` (jobs are named `lowp:<sweep_name>:<run>`), `max_parallel` (jobs submitted at once; 0 = all)
-and `poll_s` (how often the scheduler is asked for job states).
+`poll_s` (how often the scheduler is asked for job states) and `progress_s` (where the output is no
+terminal, how often the status line and one line per running job are printed).
 """
 
 # no `from __future__ import annotations`: Hydra's plugin scan imports this module outside sys.modules,
@@ -27,6 +28,7 @@ class LowpQueueConf:
     sweep_name: Optional[str] = None
     max_parallel: int = 0
     poll_s: float = 1.0
+    progress_s: float = 30.0
 
 
 @dataclass

@@ -45,7 +45,7 @@ from harness.multirun.stop import CaughtSignals
 
 log = logging.getLogger(__name__)
 
-LOWP_KEYS = ("sweep_name", "max_parallel", "poll_s")
+LOWP_KEYS = ("sweep_name", "max_parallel", "poll_s", "progress_s")
 INIT_KEYS = ("submitit_folder", "max_num_timeout")
 SHARED_KEYS = (
     "timeout_min",
@@ -195,7 +195,9 @@ class LowpLauncher(Launcher):
         pending = deque(p for p in plans if p.job is None)
         limit = int(self.lowp.get("max_parallel") or 0)
         poll = float(self.lowp.get("poll_s") or 1.0)
-        with _Stop(self.driver) as stop, SweepProgress(self.sweep_name(), len(plans)) as progress:
+        every = float(self.lowp.get("progress_s") or 30.0)
+        progress = SweepProgress(self.sweep_name(), len(plans), plain_every_s=every)
+        with _Stop(self.driver) as stop, progress:
             while pending or active:
                 if stop.requested:
                     progress.quiet()
@@ -209,8 +211,9 @@ class LowpLauncher(Launcher):
                     active.remove(p)
                     p.finished = True
                     progress.finished(p.name, _summary(p), "" if stop.requested else _job_error(p))
-                running = sum(self._state(p) not in QUEUED for p in active)
-                progress.update(running=running, queued=len(pending) + len(active) - running)
+                running = {p.name: p.run_dir for p in active if self._state(p) not in QUEUED}
+                queued = len(pending) + len(active) - len(running)
+                progress.update(running=len(running), queued=queued, run_dirs=running)
                 if pending or active:
                     stop.sleep(poll)
         returns = [self._job_return(p) for p in plans]
