@@ -1,12 +1,17 @@
-"""Tokenize text or JSONL with a Hugging Face tokenizer into files lowp (and Megatron, nanoGPT) read.
+"""Tokenize text, JSONL, parquet or Arrow into token files lowp (and Megatron, nanoGPT) read.
 
     python -m harness.data.prepare --tokenizer PATH_OR_NAME --input FILES... --out PREFIX
         [--format megatron|nanogpt|both] [--json-key text] [--text-docs file|paragraph|line]
         [--append-eod [--eod-token TOKEN]] [--val-fraction 0.05] [--batch-docs 512]
 
 `--tokenizer` is a `tokenizer.json` file, a directory holding one (a Hugging Face model directory),
-or a hub name (needs network). Documents: one per line of a `.jsonl`/`.json` file (its `--json-key`
-field, Megatron's preprocess_data.py default `text`), one per text file (or per paragraph/line).
+a `.tiktoken` file, a sentencepiece `.model`, or a hub name (needs network); harness.data.tokenizer.
+Documents: one per row of a parquet file or Arrow file (what Hugging Face `datasets` writes; its
+`--json-key` column), one per line of a `.jsonl`/`.json` file (its `--json-key` field, Megatron's
+preprocess_data.py default `text`), one per text file (or per paragraph/line). A directory stands
+for its parquet, arrow, jsonl and text files in sorted order (a `save_to_disk` dataset, a folder of
+parquet shards). Undecodable bytes, a missing or non-text column or field, and an input with no
+documents stop with one line naming the file.
 
 Outputs (each beside a `.json` manifest: tokenizer, vocabulary, counts, fingerprint):
 - `megatron`: PREFIX.bin + PREFIX.idx, byte for byte what Megatron's IndexedDatasetBuilder writes
@@ -35,6 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.data import tokenizer as tokenizer_mod
+from harness.data.tokenizer import Tokenizer
+
 MEGATRON_HEADER = b"MMIDIDX\x00\x00"
 MEGATRON_CODES = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}  # megatron.core DType codes
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
@@ -45,33 +53,12 @@ class PrepareError(ValueError):
     """Bad arguments or inputs: printed as one line, exit code 2."""
 
 
-def load_tokenizer(spec: str):
-    """A `tokenizers.Tokenizer` from a tokenizer.json, a directory holding one, or a hub name."""
+def load_tokenizer(spec: str) -> Tokenizer:
+    """tokenizer.json, a model directory, a .tiktoken file, a sentencepiece .model or a hub name."""
     try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise PrepareError(
-            "--tokenizer: the `tokenizers` package is not installed; pip install -e '.[hf]'"
-        ) from exc
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        path = path / "tokenizer.json"
-        if not path.is_file():
-            raise PrepareError(f"--tokenizer={spec}: the directory has no tokenizer.json; point at the file")
-    if path.is_file():
-        try:
-            return Tokenizer.from_file(str(path))
-        except Exception as exc:  # the Rust side raises a bare Exception
-            raise PrepareError(f"--tokenizer={spec}: not a tokenizers JSON file ({exc})") from exc
-    if os.sep in spec or spec.endswith(".json"):
-        raise PrepareError(f"--tokenizer={spec}: no such file or directory; give a tokenizer.json path")
-    try:
-        return Tokenizer.from_pretrained(spec)
-    except Exception as exc:
-        raise PrepareError(
-            f"--tokenizer={spec}: could not load it from the hub ({type(exc).__name__}); "
-            "give a local tokenizer.json or model directory"
-        ) from exc
+        return tokenizer_mod.load_tokenizer(spec, "--tokenizer")
+    except tokenizer_mod.TokenizerError as exc:
+        raise PrepareError(str(exc)) from None
 
 
 def eod_id(tokenizer, token: str | None) -> int:
@@ -88,37 +75,145 @@ def eod_id(tokenizer, token: str | None) -> int:
     )
 
 
-def documents(paths: list[str], json_key: str, text_docs: str) -> Iterator[str]:
-    """The documents of every input, in order; empty ones are skipped (Megatron skips them too)."""
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".py")
+TABLE_SUFFIXES = (".parquet", ".arrow")
+JSON_SUFFIXES = (".jsonl", ".json")
+
+
+def expand_inputs(paths: list[str]) -> list[str]:
+    """Files as given; a directory becomes its parquet/arrow/jsonl/text files in sorted order (a
+    Hugging Face `save_to_disk` directory holds its rows in `.arrow` files beside JSON metadata)."""
+    files = []
     for p in paths:
-        if not os.path.isfile(p):
+        if os.path.isdir(p):
+            found = sorted(
+                str(f)
+                for f in Path(p).rglob("*")
+                if f.is_file() and f.suffix in TABLE_SUFFIXES + (".jsonl",) + TEXT_SUFFIXES
+            )
+            if not found:
+                raise PrepareError(
+                    f"--input {p}: the directory holds no .parquet, .arrow, .jsonl or .txt files"
+                )
+            files += found
+        elif not os.path.isfile(p):
             raise PrepareError(f"--input {p}: no such file")
-        if p.endswith((".jsonl", ".json")):
-            yield from _jsonl_docs(p, json_key)
-            continue
-        text = Path(p).read_text(encoding="utf-8")
-        if text_docs == "file":
-            parts = [text]
-        elif text_docs == "paragraph":
-            parts = text.split("\n\n")
         else:
-            parts = text.splitlines()
-        yield from (d for d in parts if d.strip())
+            files.append(p)
+    return files
+
+
+def documents(paths: list[str], json_key: str, text_docs: str) -> Iterator[str]:
+    """The documents of every input, in order; empty ones are skipped (Megatron skips them too), but
+    an input that holds none at all is refused (a wrong --json-key reads as an empty corpus)."""
+    for p in expand_inputs(paths):
+        n = 0
+        for doc in _file_docs(p, json_key, text_docs):
+            n += 1
+            yield doc
+        if n == 0:
+            raise PrepareError(f"--input {p}: holds no non-empty documents; check the file and --json-key")
+
+
+def _file_docs(p: str, json_key: str, text_docs: str) -> Iterator[str]:
+    with open(p, "rb") as fh:
+        magic = fh.read(6)
+    if p.endswith(".parquet") or magic[:4] == b"PAR1":
+        yield from _table_docs(p, json_key, "parquet")
+    elif p.endswith(".arrow") or magic == b"ARROW1" or magic[:4] == b"\xff\xff\xff\xff":
+        yield from _table_docs(p, json_key, "arrow")
+    elif p.endswith(JSON_SUFFIXES):
+        yield from _jsonl_docs(p, json_key)
+    else:
+        yield from _text_docs(p, text_docs)
+
+
+def _undecodable(path: str, exc: UnicodeDecodeError, where: str = "") -> PrepareError:
+    return PrepareError(
+        f"--input {path}: not UTF-8{where} (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+        "give parquet, arrow, .jsonl or UTF-8 text files"
+    )
+
+
+def _text_docs(path: str, text_docs: str) -> Iterator[str]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise _undecodable(path, exc) from None
+    if text_docs == "file":
+        parts = [text]
+    elif text_docs == "paragraph":
+        parts = text.split("\n\n")
+    else:
+        parts = text.splitlines()
+    yield from (d for d in parts if d.strip())
+
+
+def _table_docs(path: str, key: str, kind: str) -> Iterator[str]:
+    """The `key` column of a parquet file or an Arrow IPC file/stream (what `datasets` writes),
+    read one record batch at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if kind == "parquet":
+            table = pq.ParquetFile(path)
+            schema = table.schema_arrow
+            batches = table.iter_batches(columns=[key]) if key in schema.names else []
+        else:
+            schema, batches = _open_arrow(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise PrepareError(
+            f"--input {path}: not a readable {kind} file ({str(exc).splitlines()[0]})"
+        ) from None
+    if key not in schema.names:
+        raise PrepareError(
+            f"--input {path}: no {key!r} column (it has {', '.join(schema.names)}); set --json-key"
+        )
+    kind_of = schema.field(key).type
+    if not (pa.types.is_string(kind_of) or pa.types.is_large_string(kind_of)):
+        raise PrepareError(f"--input {path}: column {key!r} holds {kind_of}, not text; set --json-key")
+    for batch in batches:
+        for doc in batch.column(key).to_pylist():
+            if doc:
+                yield doc
+
+
+def _open_arrow(path: str):
+    """(schema, record batches) of an Arrow IPC stream (what `datasets` writes) or IPC file."""
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    try:
+        reader = pa.ipc.open_stream(pa.memory_map(path))
+        return reader.schema, reader
+    except pa.ArrowInvalid:
+        table = pa.ipc.open_file(pa.memory_map(path)).read_all()  # memory-mapped: no copy
+        return table.schema, table.to_batches()
 
 
 def _jsonl_docs(path: str, key: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:  # bytes, decoded line by line: an undecodable line is named
+        for n, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _undecodable(path, exc, f" on line {n}") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise PrepareError(f"--input {path}: line {n} is not JSON ({exc.msg})") from exc
+                raise PrepareError(f"--input {path}: line {n} is not JSON ({exc.msg})") from None
             if not isinstance(row, dict) or key not in row:
                 raise PrepareError(f"--input {path}: line {n} has no {key!r} field; set --json-key")
+            if row[key] is not None and not isinstance(row[key], str):
+                raise PrepareError(
+                    f"--input {path}: line {n}: {key!r} holds {type(row[key]).__name__}, not text; "
+                    "set --json-key"
+                )
             if row[key]:
-                yield str(row[key])
+                yield row[key]
 
 
 def token_dtype(vocab_size: int, fmt: str) -> np.dtype:
@@ -150,14 +245,14 @@ class Progress:
 
 def tokenize(tokenizer, docs: Iterator[str], eod: int | None, batch_docs: int, progress: Progress):
     """Yield one int64 token array per document (EOD appended), tokenizing batches of documents
-    at once (encode_batch runs on the tokenizer's Rust thread pool)."""
+    at once (the libraries encode a batch on their own thread pools)."""
     n_docs = n_tokens = n_bytes = 0
     batch: list[str] = []
 
     def flush():
         nonlocal n_docs, n_tokens
-        for enc in tokenizer.encode_batch(batch, add_special_tokens=False):
-            ids = np.asarray(enc.ids, dtype=np.int64)
+        for ids in tokenizer.encode_batch(batch):
+            ids = np.asarray(ids, dtype=np.int64)
             if eod is not None:
                 ids = np.append(ids, eod)
             n_docs, n_tokens = n_docs + 1, n_tokens + len(ids)
@@ -219,8 +314,9 @@ class _TokenFile:
             os.remove(self.tmp)
 
 
-def fingerprint(tokenizer_json: str, file_digests: list[str]) -> str:
-    h = hashlib.sha256(tokenizer_json.encode())
+def fingerprint(tokenizer: bytes, file_digests: list[str]) -> str:
+    """sha256 over the tokenizer's serialization and the written files' digests."""
+    h = hashlib.sha256(tokenizer)
     for d in file_digests:
         h.update(d.encode())
     return h.hexdigest()
@@ -242,7 +338,7 @@ def prepare(
     """Tokenize `inputs` into the `fmt` files at `out`; returns the manifest (also written as JSON)."""
     _check_args(inputs, fmt, text_docs, val_fraction, batch_docs)
     tok = load_tokenizer(tokenizer_spec)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
+    vocab = tok.vocab_size
     eod = eod_id(tok, eod_token) if append_eod else None
     # nanoGPT's val split is the last documents: tokenize first, split on the document lengths after
     lengths: list[int] = []
@@ -265,6 +361,7 @@ def prepare(
         manifest = {
             "manifest_version": MANIFEST_VERSION,
             "tokenizer": tokenizer_spec,
+            "tokenizer_kind": tok.kind,
             "vocab_size": vocab,
             "eod_id": eod,
             "documents": len(lengths),
@@ -287,7 +384,7 @@ def prepare(
 
 def _check_args(inputs, fmt, text_docs, val_fraction, batch_docs) -> None:
     if not inputs:
-        raise PrepareError("--input: no files given; pass one or more .txt/.jsonl files")
+        raise PrepareError("--input: no files given; pass parquet, arrow, .jsonl or text files")
     if fmt not in ("megatron", "nanogpt", "both"):
         raise PrepareError(f"--format={fmt}: unknown; use megatron, nanogpt or both")
     if text_docs not in ("file", "paragraph", "line"):
@@ -319,7 +416,7 @@ def _write_megatron(out, stream, lengths, vocab, tok, manifest) -> dict:
         "token_dtype": dtype.name,
         "files": [os.path.basename(out) + ext for ext in (".bin", ".idx")],
     }
-    man["fingerprint"] = fingerprint(tok.to_str(), [digest])
+    man["fingerprint"] = fingerprint(tok.serialized, [digest])
     _write_json(out + ".json", man)
     return man
 
@@ -348,7 +445,7 @@ def _write_nanogpt(out, stream, lengths, vocab, val_fraction, tok, manifest) -> 
         files.append(name)
     man = {**manifest, "format": "nanogpt", "token_dtype": dtype.name, "files": files}
     man.update(val_documents=n_val, train_tokens=cut, val_tokens=int(sum(lengths)) - cut)
-    man["fingerprint"] = fingerprint(tok.to_str(), digests)
+    man["fingerprint"] = fingerprint(tok.serialized, digests)
     _write_json(os.path.join(out, "meta.json"), man)
     return man
 
@@ -363,11 +460,22 @@ def _write_json(path: str, obj: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.data.prepare", description=__doc__.split("\n")[0])
-    p.add_argument("--tokenizer", required=True, help="tokenizer.json, a model directory, or a hub name")
-    p.add_argument("--input", required=True, nargs="+", help=".txt or .jsonl files")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        help="tokenizer.json, a model directory, .tiktoken, .model, or a hub name",
+    )
+    p.add_argument(
+        "--input",
+        required=True,
+        nargs="+",
+        help="parquet, arrow, .jsonl or text files, or directories of them",
+    )
     p.add_argument("--out", required=True, help="output prefix (megatron) / directory (nanogpt)")
     p.add_argument("--format", default="megatron", help="megatron, nanogpt or both")
-    p.add_argument("--json-key", default="text", help="JSONL field holding the text")
+    p.add_argument(
+        "--json-key", default="text", help="JSONL field / parquet or arrow column holding the text"
+    )
     p.add_argument("--text-docs", default="file", help="text files: one document per file, paragraph or line")
     p.add_argument("--append-eod", action="store_true", help="end every document with the EOD token")
     p.add_argument("--eod-token", default=None, help="the EOD token's text (default: a known EOS name)")
