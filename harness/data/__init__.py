@@ -7,7 +7,8 @@
     data_fingerprint(cfg.data, vocab_size=..., seq_length=...)   # what identifies it: content, not paths
 
 Sources: synthetic (uniform tokens), markov (seeded Markov chain, known loss floor), stdlib_bytes
-(the interpreter's stdlib as bytes), memmap (nanoGPT .bin files), megatron (indexed .bin/.idx).
+(the interpreter's stdlib as bytes), memmap (nanoGPT .bin files), megatron (indexed .bin/.idx),
+blend (Megatron's weighted `w1 p1 w2 p2` blend of indexed datasets, in BlendedDataset's order).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from harness.config.schema import DataConfig
-from harness.data import files, markov, stdlib_bytes, synthetic
+from harness.data import blend, files, markov, stdlib_bytes, synthetic
 from harness.data.base import Batch, StreamData, TokenData, config_error
 
 __all__ = ["Batch", "StreamData", "TokenData", "build_data", "check_data", "data_fingerprint", "SOURCES"]
@@ -26,8 +27,9 @@ SOURCES = {
     "stdlib_bytes": stdlib_bytes.build,
     "memmap": files.build_memmap,
     "megatron": files.build_megatron,
+    "blend": blend.build,
 }
-FILE_SOURCES = ("memmap", "megatron")
+FILE_SOURCES = ("memmap", "megatron", "blend")
 """Sources that read token files: fingerprinted by the files' bytes, wherever the files are."""
 
 
