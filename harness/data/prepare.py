@@ -360,7 +360,7 @@ def prepare(
         stream = np.memmap(tmp_all.tmp, dtype=tmp_all.dtype, mode="r")
         manifest = {
             "manifest_version": MANIFEST_VERSION,
-            "tokenizer": tokenizer_spec,
+            "tokenizer": _absolute(tokenizer_spec),
             "tokenizer_kind": tok.kind,
             "vocab_size": vocab,
             "eod_id": eod,
@@ -380,6 +380,12 @@ def prepare(
         if os.path.exists(tmp_all.tmp):
             os.remove(tmp_all.tmp)
     return outputs
+
+
+def _absolute(spec: str) -> str:
+    """A tokenizer path made absolute (the manifest outlives the working directory); a hub name as is."""
+    path = os.path.expanduser(spec)
+    return os.path.abspath(path) if os.path.exists(path) else spec
 
 
 def _check_args(inputs, fmt, text_docs, val_fraction, batch_docs) -> None:
