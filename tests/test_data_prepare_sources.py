@@ -184,3 +184,16 @@ def test_sentencepiece_model(tmp_path):
     garbage.write_bytes(b"\x00\x01 not a model")
     with pytest.raises(ValueError, match=r"^--tokenizer=.*garbage.model: not a sentencepiece model"):
         load_tokenizer(str(garbage))
+
+
+def test_bpe_trained_on_the_input(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    write_parquet(src / "a.parquet", [t for t in TEXTS if t] * 50)
+    man = prepare("bpe:520", [str(src)], str(tmp_path / "ds"), append_eod=True)["megatron"]
+    assert man["tokenizer"] == str(tmp_path / "ds.tokenizer.json") and man["tokenizer_kind"] == "tokenizers"
+    tok = load_tokenizer(man["tokenizer"])
+    assert (
+        man["vocab_size"] == tok.vocab_size <= 520 and man["eod_id"] == tok.token_to_id("<|endoftext|>") == 0
+    )
+    assert prepare_main(["--tokenizer", "bpe:100", "--input", str(src), "--out", str(tmp_path / "x")]) == 2

@@ -19,12 +19,19 @@ LOADERS = {"hf": None, "hf-int4": "compressed_tensors", "hf-fp8": "accelerate"}
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
+    """The README's path: a folder of parquet text -> a BPE trained on it -> a tiny Llama."""
     from harness.train import run
     from tests.helpers import compose_cfg
+    from tests.test_data_prepare_sources import write_parquet
+    from tests.test_prepare import CORPUS
 
     d = tmp_path_factory.mktemp("servable")
-    over = ["model=llama3_tiny", "model.vocab_size=512", "data=stdlib_text", "data.num_tokens=200000"]
-    over += [f"data.cache_dir={d / 'cache'}", "logger=none", "steps=3", "log_interval=1", "eval_tokens=256"]
+    (d / "parquet").mkdir()
+    for i, path in enumerate(CORPUS):  # one shard per file of the stdlib's json package, a row per paragraph
+        write_parquet(d / "parquet" / f"part-{i:03d}.parquet", path.read_text().split("\n\n"))
+    over = ["model=llama3_tiny", "model.vocab_size=512", "data=hf_dataset", f"data.path={d / 'parquet'}"]
+    over += ["data.tokenizer=bpe:512", f"data.cache_dir={d / 'cache'}", "logger=none", "steps=3"]
+    over += ["log_interval=1", "eval_tokens=256"]
     over += ["micro_batch_size=2", "global_batch_size=2", "backend=emulated"]
     assert run(compose_cfg(*over), d / "run").status == "completed"
     return d

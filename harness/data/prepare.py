@@ -5,7 +5,8 @@
         [--append-eod [--eod-token TOKEN]] [--val-fraction 0.05] [--batch-docs 512]
 
 `--tokenizer` is a `tokenizer.json` file, a directory holding one (a Hugging Face model directory),
-a `.tiktoken` file, a sentencepiece `.model`, or a hub name (needs network); harness.data.tokenizer.
+a `.tiktoken` file, a sentencepiece `.model`, a hub name (needs network), or `bpe:N`: a byte-level
+BPE of N ids trained on the input and saved as PREFIX.tokenizer.json; harness.data.tokenizer.
 Documents: one per row of a parquet file or Arrow file (what Hugging Face `datasets` writes; its
 `--json-key` column), one per line of a `.jsonl`/`.json` file (its `--json-key` field, Megatron's
 preprocess_data.py default `text`), one per text file (or per paragraph/line). A directory stands
@@ -337,6 +338,14 @@ def prepare(
 ) -> dict:
     """Tokenize `inputs` into the `fmt` files at `out`; returns the manifest (also written as JSON)."""
     _check_args(inputs, fmt, text_docs, val_fraction, batch_docs)
+    try:
+        bpe = tokenizer_mod.bpe_size(tokenizer_spec)
+    except tokenizer_mod.TokenizerError as exc:
+        raise PrepareError(str(exc)) from None
+    if bpe is not None:  # trained on the input itself, saved beside the output, named in the manifest
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        tokenizer_spec = out.rstrip("/") + ".tokenizer.json"
+        tokenizer_mod.train_bpe(documents(inputs, json_key, text_docs), bpe, tokenizer_spec)
     tok = load_tokenizer(tokenizer_spec)
     vocab = tok.vocab_size
     eod = eod_id(tok, eod_token) if append_eod else None
@@ -469,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tokenizer",
         required=True,
-        help="tokenizer.json, a model directory, .tiktoken, .model, or a hub name",
+        help="tokenizer.json, a model directory, .tiktoken, .model, a hub name, or bpe:N (trained here)",
     )
     p.add_argument(
         "--input",

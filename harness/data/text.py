@@ -1,6 +1,6 @@
 """Text sources tokenized on first use and cached: Hugging Face datasets, and the stdlib preset.
 
-    data=hf_dataset data.path=DIR_OR_FILES data.tokenizer=tokenizer.json [data.text_key=text]
+    data=hf_dataset data.path=DIR_OR_FILES data.tokenizer=tokenizer.json|bpe:N [data.text_key=text]
     data=stdlib_text                        # the stdlib's .py files, lowp's own BPE (offline)
 
 `hf_dataset` reads what `harness.data.prepare` reads: a `datasets.save_to_disk` directory or a
@@ -33,10 +33,10 @@ from pathlib import Path
 from harness.config.schema import DataConfig
 from harness.data.base import StreamData, check_eval_fraction, config_error, fingerprint, split_stream
 from harness.data.files import build_megatron, file_fingerprint
+from harness.data.tokenizer import MIN_BPE, TokenizerError, bpe_size, train_bpe
 
 STDLIB_MAX_VOCAB = 8192
-STDLIB_MIN_VOCAB = 512
-EOT = "<|endoftext|>"
+STDLIB_MIN_VOCAB = MIN_BPE
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -49,13 +49,14 @@ def tokenized(cfg: DataConfig, inputs: list[str], tokenizer: str, key_parts: lis
 
     try:
         files = prep.expand_inputs(inputs)
+        digests = [file_fingerprint(f)[0] for f in files]
+        bpe = bpe_size(tokenizer, "data.tokenizer")
+        if bpe is not None:
+            tokenizer = trained_bpe(cfg, files, digests, bpe)
         tok = prep.load_tokenizer(tokenizer)
-    except prep.PrepareError as exc:
+    except (prep.PrepareError, TokenizerError) as exc:
         raise _source_error(exc, option) from None
-    h = hashlib.sha256(tok.serialized)
-    for part in [*key_parts, cfg.text_key, *(file_fingerprint(f)[0] for f in files)]:
-        h.update(repr(part).encode())
-    final = cache_root(cfg) / h.hexdigest()[:24]
+    final = cache_root(cfg) / _key(tok.serialized, *key_parts, cfg.text_key, *digests)
     prefix = str(final / "tokens")
     if os.path.isfile(prefix + ".json"):
         return prefix
@@ -67,11 +68,33 @@ def tokenized(cfg: DataConfig, inputs: list[str], tokenizer: str, key_parts: lis
         os.replace(tmp, final)
     except prep.PrepareError as exc:
         raise _source_error(exc, option) from None
-    except FileExistsError:
-        pass  # another process finished the same files first
+    except OSError:
+        if not os.path.isfile(prefix + ".json"):
+            raise
+        # another process finished the same files first
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return prefix
+
+
+def _key(*parts) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else repr(part).encode())
+    return h.hexdigest()[:24]
+
+
+def trained_bpe(cfg: DataConfig, files: list[str], digests: list[str], size: int) -> str:
+    """data.tokenizer=bpe:N: a byte-level BPE trained once on the source's own text, cached."""
+    from harness.data.prepare import documents
+
+    path = cache_root(cfg) / f"bpe-{_key(size, cfg.text_key, *digests)}.tokenizer.json"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+        train_bpe(documents(files, cfg.text_key, "file"), size, str(tmp), "data.tokenizer")
+        os.replace(tmp, path)
+    return str(path)
 
 
 def _source_error(exc: ValueError, option: str) -> ValueError:
@@ -149,7 +172,7 @@ def build_hf_dataset(cfg: DataConfig, vocab_size: int, seq_length: int) -> Strea
         eval_prefix = tokenized(
             cfg, eval_inputs, cfg.tokenizer, ["hf_dataset"], f"data.eval_path={cfg.eval_path}"
         )
-    facts = {"source": cfg.path, "text_key": cfg.text_key, "tokenizer": cfg.tokenizer}
+    facts = {"source": cfg.path, "text_key": cfg.text_key, "tokenizer_spec": cfg.tokenizer}
     return _as_megatron(cfg, "hf_dataset", prefix, eval_prefix, vocab_size, seq_length, facts)
 
 
@@ -169,27 +192,6 @@ def stdlib_corpus(num_bytes: int, out: Path) -> list[str]:
         dst.write_bytes(text.decode("utf-8", "ignore").encode())  # a cut may split a character
         paths.append(str(dst))
     return paths
-
-
-def train_bpe(files: list[str], vocab: int, path: Path) -> None:
-    """A byte-level BPE with <|endoftext|>, as GPT-2's, trained on `files`."""
-    try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    except ImportError:
-        raise config_error(
-            "data=stdlib_text", "needs the `tokenizers` package", "pip install -e '.[hf]'"
-        ) from None
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train(files, trainer)
-    tok.save(str(path))
 
 
 def build_stdlib_text(cfg: DataConfig, vocab_size: int, seq_length: int) -> StreamData:
@@ -214,7 +216,8 @@ def build_stdlib_text(cfg: DataConfig, vocab_size: int, seq_length: int) -> Stre
     with tempfile.TemporaryDirectory(dir=home) as tmp:
         files = stdlib_corpus(cfg.num_tokens, Path(tmp))
         if not tok_path.is_file():
-            train_bpe(files, vocab, Path(tmp) / "tokenizer.json")
+            texts = (Path(f).read_text() for f in files)
+            train_bpe(texts, vocab, str(Path(tmp) / "tokenizer.json"), "data=stdlib_text")
             os.replace(Path(tmp) / "tokenizer.json", tok_path)
         prefix = tokenized(
             dataclasses.replace(cfg, cache_dir=str(home)),

@@ -8,7 +8,9 @@
 - `tiktoken` from a local `.tiktoken` file (base64 token and rank per line, as OpenAI ships them),
   split with the cl100k pre-tokenizer pattern and `<|endoftext|>` as the one special token, right
   after the ranks (how cl100k_base numbers it);
-- `sentencepiece` from a `.model` file (Llama 2, Mistral, Gemma, T5).
+- `sentencepiece` from a `.model` file (Llama 2, Mistral, Gemma, T5);
+- `bpe:N`: no tokenizer yet: `prepare` trains a byte-level BPE of N ids on the input itself
+  (`train_bpe`, GPT-2's construction with `<|endoftext|>`) and saves it beside the output.
 
 Each library is imported only when its kind of file is asked for; a missing one is a one-line
 error naming the extra that installs it (`hf` for tokenizers, `data` for the other two).
@@ -17,6 +19,7 @@ error naming the extra that installs it (`hf` for tokenizers, `data` for the oth
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 CL100K_PATTERN = (
@@ -25,6 +28,7 @@ CL100K_PATTERN = (
 )
 """tiktoken's cl100k_base split pattern (tiktoken_ext/openai_public.py)."""
 TIKTOKEN_EOT = "<|endoftext|>"
+MIN_BPE = 512
 
 
 class TokenizerError(ValueError):
@@ -142,6 +146,36 @@ class SentencePieceTokenizer(Tokenizer):
 
     def id_to_token(self, token_id):
         return self.sp.id_to_piece(token_id) if 0 <= token_id < self.vocab_size else None
+
+
+def bpe_size(spec: str, option: str = "--tokenizer") -> int | None:
+    """N for a `bpe:N` spec (a byte-level BPE lowp trains on the input), else None."""
+    if not spec.startswith("bpe:"):
+        return None
+    size = spec[4:]
+    if not size.isdigit() or int(size) < MIN_BPE:
+        raise TokenizerError(
+            f"{option}={spec}: bpe:N needs N >= {MIN_BPE} (256 bytes, merges, <|endoftext|>)"
+        )
+    return int(size)
+
+
+def train_bpe(texts: Iterable[str], vocab: int, path: str, option: str = "--tokenizer") -> None:
+    """A GPT-2 style byte-level BPE with <|endoftext|> (id 0), trained on `texts`, saved as JSON."""
+    tokenizers = _require("tokenizers", option, f"bpe:{vocab}")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=[TIKTOKEN_EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.save(path)
 
 
 def load_tokenizer(spec: str, option: str = "--tokenizer") -> Tokenizer:
