@@ -197,3 +197,12 @@ def test_bpe_trained_on_the_input(tmp_path):
         man["vocab_size"] == tok.vocab_size <= 520 and man["eod_id"] == tok.token_to_id("<|endoftext|>") == 0
     )
     assert prepare_main(["--tokenizer", "bpe:100", "--input", str(src), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_a_folder_reads_its_tables_not_its_readme(bpe, tmp_path):
+    src = tmp_path / "snapshot"
+    (src / "data").mkdir(parents=True)
+    write_parquet(src / "data" / "train-00000-of-00001.parquet", TEXTS)
+    (src / "README.md").write_text("---\nlicense: mit\n---\n# a dataset card\n")
+    man = prepare(str(bpe), [str(src)], str(tmp_path / "ds"))["megatron"]
+    assert man["documents"] == len([t for t in TEXTS if t])

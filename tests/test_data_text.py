@@ -186,3 +186,25 @@ def test_custom_target_from_the_command_line(tmp_path, capsys):
     assert code == 2 and err.strip().splitlines()[-1].startswith(
         "error: data._target_=tests.nope.X: cannot import"
     )
+
+
+def test_a_real_datasets_directory(bpe, tmp_path):
+    """What `datasets.Dataset.save_to_disk` writes (Arrow stream shards, state.json), read without
+    `datasets` at run time, row for row as `datasets.load_from_disk` reads it."""
+    from tests.test_data_prepare_sources import optional
+
+    datasets = optional("datasets")
+    rows = [t for t in TEXTS if t] * 40
+    ds = datasets.Dataset.from_dict({"text": rows, "n": list(range(len(rows)))})
+    ds.save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    cfg = DataConfig(
+        name="hf_dataset", path=str(tmp_path / "saved"), tokenizer=str(bpe), cache_dir=str(tmp_path / "c")
+    )
+    data = build_data(cfg, vocab_size=512, seq_length=SEQ)
+    from harness.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(bpe))
+    eot = tok.token_to_id("<|endoftext|>")
+    loaded = datasets.load_from_disk(str(tmp_path / "saved"))["text"]
+    want = np.concatenate([np.asarray(ids + [eot]) for ids in tok.encode_batch(list(loaded))])
+    np.testing.assert_array_equal(np.concatenate([data.train, data.eval]), want)

@@ -10,9 +10,9 @@ BPE of N ids trained on the input and saved as PREFIX.tokenizer.json; harness.da
 Documents: one per row of a parquet file or Arrow file (what Hugging Face `datasets` writes; its
 `--json-key` column), one per line of a `.jsonl`/`.json` file (its `--json-key` field, Megatron's
 preprocess_data.py default `text`), one per text file (or per paragraph/line). A directory stands
-for its parquet, arrow, jsonl and text files in sorted order (a `save_to_disk` dataset, a folder of
-parquet shards). Undecodable bytes, a missing or non-text column or field, and an input with no
-documents stop with one line naming the file.
+for its parquet, arrow and jsonl files in sorted order (a `save_to_disk` dataset, a folder of
+parquet shards), or for its text files when it has none of those. Undecodable bytes, a missing or
+non-text column or field, and an input with no documents stop with one line naming the file.
 
 Outputs (each beside a `.json` manifest: tokenizer, vocabulary, counts, fingerprint):
 - `megatron`: PREFIX.bin + PREFIX.idx, byte for byte what Megatron's IndexedDatasetBuilder writes
@@ -82,21 +82,20 @@ JSON_SUFFIXES = (".jsonl", ".json")
 
 
 def expand_inputs(paths: list[str]) -> list[str]:
-    """Files as given; a directory becomes its parquet/arrow/jsonl/text files in sorted order (a
-    Hugging Face `save_to_disk` directory holds its rows in `.arrow` files beside JSON metadata)."""
+    """Files as given; a directory becomes its parquet/arrow/jsonl files in sorted order (a Hugging
+    Face `save_to_disk` directory holds its rows in `.arrow` files beside JSON metadata), or its text
+    files if it has none of those (so a dataset's README.md is not read as a document)."""
     files = []
     for p in paths:
         if os.path.isdir(p):
-            found = sorted(
-                str(f)
-                for f in Path(p).rglob("*")
-                if f.is_file() and f.suffix in TABLE_SUFFIXES + (".jsonl",) + TEXT_SUFFIXES
-            )
-            if not found:
+            found = sorted(str(f) for f in Path(p).rglob("*") if f.is_file())
+            tables = [f for f in found if f.endswith(TABLE_SUFFIXES + (".jsonl",))]
+            texts = [f for f in found if f.endswith(TEXT_SUFFIXES)]
+            if not tables and not texts:
                 raise PrepareError(
                     f"--input {p}: the directory holds no .parquet, .arrow, .jsonl or .txt files"
                 )
-            files += found
+            files += tables or texts
         elif not os.path.isfile(p):
             raise PrepareError(f"--input {p}: no such file")
         else:
