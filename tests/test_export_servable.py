@@ -115,3 +115,39 @@ def test_an_imported_mistral_keeps_its_family_ids_context_and_tokenizer(tmp_path
     assert (tmp_path / "out" / "tokenizer.json").read_text() == (src / "tokenizer.json").read_text()
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert type(model).__name__ == "MistralForCausalLM"
+
+
+@pytest.mark.parametrize("kind", ["tiktoken", "sentencepiece"])
+def test_a_tiktoken_run_exports_its_tokenizer_and_a_sentencepiece_run_says_why_not(kind, tmp_path):
+    from harness.data.prepare import prepare
+    from harness.data.tokenizer import load_tokenizer
+    from harness.train import run
+    from tests.helpers import compose_cfg
+    from tests.test_data_prepare_sources import TEXTS, optional, write_tiktoken
+
+    lib = optional(kind)
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 40))
+    if kind == "tiktoken":
+        spec = write_tiktoken(tmp_path / "small.tiktoken")
+    else:
+        (tmp_path / "train.txt").write_text("\n".join(TEXTS) * 20)
+        lib.SentencePieceTrainer.train(
+            input=str(tmp_path / "train.txt"), model_prefix=str(tmp_path / "spm"), vocab_size=64,
+            model_type="bpe", minloglevel=2, num_threads=1,
+        )  # fmt: skip
+        spec = tmp_path / "spm.model"
+    prepare(str(spec), [str(tmp_path / "docs.jsonl")], str(tmp_path / "ds"), append_eod=True)
+    over = ["model=llama3_tiny", "model.vocab_size=320", "data=megatron", f"data.path={tmp_path / 'ds'}"]
+    over += ["logger=none", "steps=1", "eval_tokens=128", "micro_batch_size=2", "global_batch_size=2"]
+    assert run(compose_cfg(*over), tmp_path / "run").status == "completed"
+    res = export(str(tmp_path / "run"), "hf", str(tmp_path / "out"))
+    if kind == "sentencepiece":
+        assert not res["tokenizer"] and "not a sentencepiece model" in res["warnings"][0]
+        return
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    ours = load_tokenizer(str(spec))
+    for text in TEXTS + ["the thing in there"]:
+        assert tok.encode(text, add_special_tokens=False) == ours.encode_batch([text])[0]
+    assert (
+        tok.eos_token_id == 260 == json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"]
+    )

@@ -33,9 +33,9 @@ Beside the weights, what a server needs to generate (a servable directory, not o
   and its `generation_config.json` (sampling defaults) as it was;
 - the tokenizer the run's data names (`data.tokenizer`, the `prepare` manifest's, stdlib_text's
   BPE), as `tokenizer.json` + `tokenizer_config.json` (transformers' PreTrainedTokenizerFast, or
-  the source model directory's own tokenizer files); its end-of-text token is the eos id when the
-  imported config names none (a `.tiktoken` or sentencepiece tokenizer is named in a warning, not
-  converted);
+  the source model directory's own tokenizer files; a `.tiktoken` file converted by transformers'
+  TikTokenConverter, the same ids); its end-of-text token is the eos id when the imported config
+  names none (a sentencepiece model is named in a warning, not converted);
 - `generation_config.json` with those ids when the source had none.
 INT4 group sizes other than -1 (per channel), 32, 64 and 128 load in transformers but not in the
 common serving kernels (vLLM's Marlin and Machete, ExLlamaV2 take those): the export warns.
@@ -376,12 +376,12 @@ def write_tokenizer(spec: str | None, src: Path | None, out: str) -> tuple[objec
         tok = transformers.AutoTokenizer.from_pretrained(str(path))
     else:
         file = path / "tokenizer.json" if path.is_dir() else path
-        if file.suffix != ".json" or not file.is_file():
+        if file.suffix not in (".json", ".tiktoken") or not file.is_file():
             return None, (
-                f"tokenizer {spec} not written: the export writes a tokenizers JSON (tokenizer.json); "
-                "convert it and copy it beside the weights"
+                f"tokenizer {spec} not written: the export converts a tokenizers JSON or a .tiktoken file "
+                "(not a sentencepiece model); write its tokenizer.json beside the weights"
             )
-        tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(file))
+        tok = transformers.PreTrainedTokenizerFast(tokenizer_object=_tokenizers_object(file))
         vocab = tok.get_vocab()
         eot = next((name for name in EOD_CANDIDATES if name in vocab), None)
         if eot is not None:
@@ -389,6 +389,22 @@ def write_tokenizer(spec: str | None, src: Path | None, out: str) -> tuple[objec
             tok.pad_token = tok.pad_token or eot
     tok.save_pretrained(out)
     return tok, None
+
+
+def _tokenizers_object(file: Path):
+    """A `tokenizers.Tokenizer` of a tokenizer.json, or of a .tiktoken file converted by transformers'
+    TikTokenConverter with the split pattern and <|endoftext|> lowp reads it with (same ids)."""
+    import tokenizers
+
+    if file.suffix != ".tiktoken":
+        return tokenizers.Tokenizer.from_file(str(file))
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from harness.data.tokenizer import CL100K_PATTERN, TIKTOKEN_EOT
+
+    return TikTokenConverter(
+        vocab_file=str(file), pattern=CL100K_PATTERN, extra_special_tokens=[TIKTOKEN_EOT]
+    ).converted()
 
 
 def write_generation_config(hf_cfg, src: Path | None, out: str) -> None:
