@@ -208,3 +208,28 @@ def test_a_real_datasets_directory(bpe, tmp_path):
     loaded = datasets.load_from_disk(str(tmp_path / "saved"))["text"]
     want = np.concatenate([np.asarray(ids + [eot]) for ids in tok.encode_batch(list(loaded))])
     np.testing.assert_array_equal(np.concatenate([data.train, data.eval]), want)
+
+
+def test_hf_dataset_resumes_exactly_and_refuses_changed_rows(bpe, tmp_path):
+    from harness.config.errors import ConfigError
+    from harness.train import run
+    from tests.helpers import compose_cfg
+
+    rows = [t for t in TEXTS if t] * 60
+    (tmp_path / "pq").mkdir()
+    write_parquet(tmp_path / "pq" / "part-0.parquet", rows)
+    over = ["model=llama3_tiny", "model.vocab_size=384", "data=hf_dataset", f"data.path={tmp_path / 'pq'}"]
+    over += [f"data.tokenizer={bpe}", f"data.cache_dir={tmp_path / 'cache'}", "logger=none", "steps=4"]
+    over += ["eval_tokens=128", "micro_batch_size=2", "global_batch_size=2", "checkpoint_interval=2"]
+    cfg = compose_cfg(*over, "checkpoint_keep=2")
+    straight = run(cfg, tmp_path / "run")
+    shutil.rmtree(sorted((tmp_path / "run" / "checkpoints").glob("step_*"))[-1])
+    (tmp_path / "run" / "summary.json").unlink()
+    resumed = run(cfg, tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["attempts"][-1]["resumed_from_step"] == 2
+    assert resumed.final_train_loss == straight.final_train_loss
+    write_parquet(tmp_path / "pq" / "part-0.parquet", rows[:-1] + ["a changed last row"])
+    (tmp_path / "run" / "summary.json").unlink()
+    shutil.rmtree(sorted((tmp_path / "run" / "checkpoints").glob("step_*"))[-1])
+    with pytest.raises(ConfigError, match="holds a checkpoint trained on other data: data.name=hf_dataset"):
+        run(cfg, tmp_path / "run")
