@@ -169,3 +169,12 @@ def test_a_run_trains_on_a_blend_and_resumes_it(blend_dir, tmp_path):
     attempts = json.loads((tmp_path / "run" / "run.json").read_text())["attempts"]
     assert attempts[-1]["resumed_from_step"] == 2
     assert resumed.final_train_loss == straight.final_train_loss
+
+
+def test_a_declared_vocabulary_is_checked_in_blended_batches(blend_dir):
+    cfg = DataConfig(name="blend", path=f"1 {blend_dir / 'web'} 1 {blend_dir / 'code'}", vocab_size=150)
+    data = build_data(cfg, vocab_size=300, seq_length=SEQ)
+    with pytest.raises(
+        ValueError, match=r"^data.vocab_size=150: the data holds token id 1\d\d; set data.vocab_size"
+    ):
+        next(iter(data.train_batches(4, seed=0)))

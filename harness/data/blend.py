@@ -128,14 +128,14 @@ class BlendData(TokenData):
             datasets, samples = self.index[lo : lo + micro_batch_size]
             rows = []
             for d, j in zip(datasets.tolist(), samples.tolist()):
-                s0 = int(self._window_starts(seed, d, j // BLOCK)[j % BLOCK])
-                rows.append(self.parts[d].train[s0 : s0 + self.seq_length + 1].astype(np.int64))
-            yield self._pair(np.stack(rows))
+                start = self._window_starts(seed, d, j // BLOCK)[j % BLOCK : j % BLOCK + 1]
+                rows.append(self.parts[d]._windows(self.parts[d].train, start))  # checks the token ids
+            yield self._stack(rows)
             k += world
 
     @staticmethod
-    def _pair(window: np.ndarray) -> Batch:
-        return torch.from_numpy(window[:, :-1].copy()), torch.from_numpy(window[:, 1:].copy())
+    def _stack(rows: list[Batch]) -> Batch:
+        return torch.cat([x for x, _ in rows]), torch.cat([y for _, y in rows])
 
     def eval_batches(self, eval_tokens: int, micro_batch_size: int) -> list[Batch]:
         n = self.num_eval_batches(eval_tokens, micro_batch_size)
@@ -153,9 +153,11 @@ class BlendData(TokenData):
                     f"needs {need} eval tokens of blend part {d} but its eval split has {have}",
                     "lower eval_tokens or hold out more (data.eval_fraction)",
                 )
-        rows = [self.parts[d].eval[j * T : j * T + T + 1].astype(np.int64) for d, j in zip(datasets, samples)]
-        window = np.stack(rows).reshape(n, micro_batch_size, T + 1)
-        return [self._pair(w) for w in window]
+        rows = [
+            self.parts[d]._windows(self.parts[d].eval, np.array([j * T])) for d, j in zip(datasets, samples)
+        ]
+        B = micro_batch_size
+        return [self._stack(rows[i * B : (i + 1) * B]) for i in range(n)]
 
 
 def build(cfg: DataConfig, vocab_size: int, seq_length: int) -> BlendData:
