@@ -32,6 +32,7 @@ from pathlib import Path
 
 from harness.config.schema import DataConfig
 from harness.data.base import StreamData, check_eval_fraction, config_error, fingerprint, split_stream
+from harness.data.documents import expand_inputs
 from harness.data.files import build_megatron, file_fingerprint
 from harness.data.tokenizer import MIN_BPE, TokenizerError, bpe_size, train_bpe
 
@@ -48,7 +49,7 @@ def tokenized(cfg: DataConfig, inputs: list[str], tokenizer: str, key_parts: lis
     from harness.data import prepare as prep
 
     try:
-        files = prep.expand_inputs(inputs)
+        files = expand_inputs(inputs)
         digests = [file_fingerprint(f)[0] for f in files]
         bpe = bpe_size(tokenizer, "data.tokenizer")
         if bpe is not None:
@@ -86,7 +87,7 @@ def _key(*parts) -> str:
 
 def trained_bpe(cfg: DataConfig, files: list[str], digests: list[str], size: int) -> str:
     """data.tokenizer=bpe:N: a byte-level BPE trained once on the source's own text, cached."""
-    from harness.data.prepare import documents
+    from harness.data.documents import documents
 
     path = cache_root(cfg) / f"bpe-{_key(size, cfg.text_key, *digests)}.tokenizer.json"
     if not path.is_file():
