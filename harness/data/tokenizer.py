@@ -6,8 +6,9 @@
 
 - Hugging Face `tokenizers` (a `tokenizer.json`, a model directory holding one, or a hub name);
 - `tiktoken` from a local `.tiktoken` file (base64 token and rank per line, as OpenAI ships them),
-  split with the cl100k pre-tokenizer pattern and `<|endoftext|>` as the one special token, right
-  after the ranks (how cl100k_base numbers it);
+  split with the cl100k pre-tokenizer pattern and `<|endoftext|>` as the one special token, numbered
+  right after the ranks (OpenAI's own encodings leave gaps before theirs: cl100k_base's is 100257,
+  lowp's 100256; the manifest holds the id lowp used);
 - `sentencepiece` from a `.model` file (Llama 2, Mistral, Gemma, T5);
 - `bpe:N`: no tokenizer yet: `prepare` trains a byte-level BPE of N ids on the input itself
   (`train_bpe`, GPT-2's construction with `<|endoftext|>`) and saves it beside the output.
