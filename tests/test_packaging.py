@@ -123,6 +123,6 @@ def test_installed_lowp_trains_three_steps_outside_the_checkout(installed):
         env=installed["env"],
     )
     assert "4 jobs" in dry.stdout
-    for script in ("lowp-report", "lowp-megatron"):
+    for script in ("lowp-report", "lowp-megatron", "lowp-prepare", "lowp-export"):
         assert (installed["bin"] / script).exists()
     sh(installed["bin"] / "lowp-report", "--help", cwd=installed["tmp"], env=installed["env"])

@@ -278,7 +278,7 @@ class DataConfig:
     """Token source and its held-out eval split."""
 
     name: str = "markov"
-    """synthetic, markov, stdlib_bytes, memmap or megatron."""
+    """synthetic, markov, stdlib_bytes, stdlib_text, memmap, megatron, blend, hf_dataset or custom."""
     path: str | None = None
     """memmap: a .bin file or a directory with train.bin/val.bin; megatron: dataset prefix."""
     eval_path: str | None = None
@@ -295,6 +295,16 @@ class DataConfig:
     """markov/synthetic: length of the generated stream."""
     token_dtype: str = "uint16"
     """memmap: uint16 or uint32."""
+    tokenizer: str | None = None
+    """hf_dataset: tokenizer.json, a model directory, a .tiktoken or sentencepiece .model file, a hub name."""
+    text_key: str = "text"
+    """hf_dataset: the column (parquet, arrow) or JSONL field holding the text."""
+    cache_dir: str = "~/.cache/lowp/data"
+    """hf_dataset, stdlib_text: where the tokenized files (and stdlib_text's BPE) are kept between runs."""
+    _target_: str | None = None
+    """custom: import path of a callable (vocab_size, seq_length, **params) -> TokenData (docs/data.md)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """custom: keyword arguments of the _target_ callable."""
 
 
 @dataclass

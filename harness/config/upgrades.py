@@ -104,6 +104,10 @@ ADDED: dict[str, Change] = {c.field: c for c in (
     *(Change(f"ModelConfig.{name}", value, _MOE_SINCE, _MOE) for name, value in _MOE_FIELDS.items()),
     Change("Config.telemetry", {"moe_experts_per_layer": 4}, "ca1581a",
            "what telemetry rows are written, never what a run computes; read only with experts"),
+    *(Change(f"DataConfig.{name}", value, "5cfc642", "read only by the data sources added with it "
+             "(hf_dataset, stdlib_text, custom)") for name, value in (
+        ("tokenizer", None), ("text_key", "text"), ("cache_dir", "~/.cache/lowp/data"), ("_target_", None),
+        ("params", {}))),
 )}
 
 _HEAD = "the FP8 LM head failed the loss check (benchmarks/RESULTS.md, 'Loss checks of the TE options')"

@@ -7,7 +7,10 @@
     data_fingerprint(cfg.data, vocab_size=..., seq_length=...)   # what identifies it: content, not paths
 
 Sources: synthetic (uniform tokens), markov (seeded Markov chain, known loss floor), stdlib_bytes
-(the interpreter's stdlib as bytes), memmap (nanoGPT .bin files), megatron (indexed .bin/.idx).
+(the interpreter's stdlib as bytes), memmap (nanoGPT .bin files), megatron (indexed .bin/.idx),
+blend (Megatron's weighted `w1 p1 w2 p2` blend of indexed datasets, in BlendedDataset's order),
+stdlib_text (the stdlib's sources under a BPE lowp trains), hf_dataset (parquet, arrow, jsonl or a
+`datasets` directory, tokenized once into a cache), custom (a user's class through `_target_`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from harness.config.schema import DataConfig
-from harness.data import files, markov, stdlib_bytes, synthetic
+from harness.data import blend, custom, files, markov, stdlib_bytes, synthetic, text
 from harness.data.base import Batch, StreamData, TokenData, config_error
 
 __all__ = ["Batch", "StreamData", "TokenData", "build_data", "check_data", "data_fingerprint", "SOURCES"]
@@ -24,10 +27,14 @@ SOURCES = {
     "synthetic": synthetic.build,
     "markov": markov.build,
     "stdlib_bytes": stdlib_bytes.build,
+    "stdlib_text": text.build_stdlib_text,
     "memmap": files.build_memmap,
     "megatron": files.build_megatron,
+    "blend": blend.build,
+    "hf_dataset": text.build_hf_dataset,
+    "custom": custom.build,
 }
-FILE_SOURCES = ("memmap", "megatron")
+FILE_SOURCES = ("memmap", "megatron", "blend")
 """Sources that read token files: fingerprinted by the files' bytes, wherever the files are."""
 
 

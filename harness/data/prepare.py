@@ -1,12 +1,19 @@
-"""Tokenize text or JSONL with a Hugging Face tokenizer into files lowp (and Megatron, nanoGPT) read.
+"""Tokenize text, JSONL, parquet or Arrow into token files lowp (and Megatron, nanoGPT) read.
 
     python -m harness.data.prepare --tokenizer PATH_OR_NAME --input FILES... --out PREFIX
         [--format megatron|nanogpt|both] [--json-key text] [--text-docs file|paragraph|line]
         [--append-eod [--eod-token TOKEN]] [--val-fraction 0.05] [--batch-docs 512]
 
 `--tokenizer` is a `tokenizer.json` file, a directory holding one (a Hugging Face model directory),
-or a hub name (needs network). Documents: one per line of a `.jsonl`/`.json` file (its `--json-key`
-field, Megatron's preprocess_data.py default `text`), one per text file (or per paragraph/line).
+a `.tiktoken` file, a sentencepiece `.model`, a hub name (needs network), or `bpe:N`: a byte-level
+BPE of N ids trained on the input and saved as PREFIX.tokenizer.json; harness.data.tokenizer.
+Documents: one per row of a parquet file or Arrow file (what Hugging Face `datasets` writes; its
+`--json-key` column), one per line of a `.jsonl`/`.json` file (its `--json-key` field, Megatron's
+preprocess_data.py default `text`), one per text file (or per paragraph/line). A directory stands
+for its parquet, arrow and jsonl files in sorted order (a `save_to_disk` dataset, a folder of
+parquet shards), or for its text files when it has none of those. Undecodable bytes, a missing or
+non-text column or field, and an input with no documents stop with one line naming the file
+(harness.data.documents reads them).
 
 Outputs (each beside a `.json` manifest: tokenizer, vocabulary, counts, fingerprint):
 - `megatron`: PREFIX.bin + PREFIX.idx, byte for byte what Megatron's IndexedDatasetBuilder writes
@@ -35,43 +42,22 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.data import tokenizer as tokenizer_mod
+from harness.data.documents import PrepareError, documents
+from harness.data.tokenizer import Tokenizer
+
 MEGATRON_HEADER = b"MMIDIDX\x00\x00"
 MEGATRON_CODES = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}  # megatron.core DType codes
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
 MANIFEST_VERSION = 1
 
 
-class PrepareError(ValueError):
-    """Bad arguments or inputs: printed as one line, exit code 2."""
-
-
-def load_tokenizer(spec: str):
-    """A `tokenizers.Tokenizer` from a tokenizer.json, a directory holding one, or a hub name."""
+def load_tokenizer(spec: str) -> Tokenizer:
+    """tokenizer.json, a model directory, a .tiktoken file, a sentencepiece .model or a hub name."""
     try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise PrepareError(
-            "--tokenizer: the `tokenizers` package is not installed; pip install -e '.[hf]'"
-        ) from exc
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        path = path / "tokenizer.json"
-        if not path.is_file():
-            raise PrepareError(f"--tokenizer={spec}: the directory has no tokenizer.json; point at the file")
-    if path.is_file():
-        try:
-            return Tokenizer.from_file(str(path))
-        except Exception as exc:  # the Rust side raises a bare Exception
-            raise PrepareError(f"--tokenizer={spec}: not a tokenizers JSON file ({exc})") from exc
-    if os.sep in spec or spec.endswith(".json"):
-        raise PrepareError(f"--tokenizer={spec}: no such file or directory; give a tokenizer.json path")
-    try:
-        return Tokenizer.from_pretrained(spec)
-    except Exception as exc:
-        raise PrepareError(
-            f"--tokenizer={spec}: could not load it from the hub ({type(exc).__name__}); "
-            "give a local tokenizer.json or model directory"
-        ) from exc
+        return tokenizer_mod.load_tokenizer(spec, "--tokenizer")
+    except tokenizer_mod.TokenizerError as exc:
+        raise PrepareError(str(exc)) from None
 
 
 def eod_id(tokenizer, token: str | None) -> int:
@@ -86,39 +72,6 @@ def eod_id(tokenizer, token: str | None) -> int:
     raise PrepareError(
         f"--append-eod: the tokenizer has none of {', '.join(EOD_CANDIDATES)}; name it with --eod-token"
     )
-
-
-def documents(paths: list[str], json_key: str, text_docs: str) -> Iterator[str]:
-    """The documents of every input, in order; empty ones are skipped (Megatron skips them too)."""
-    for p in paths:
-        if not os.path.isfile(p):
-            raise PrepareError(f"--input {p}: no such file")
-        if p.endswith((".jsonl", ".json")):
-            yield from _jsonl_docs(p, json_key)
-            continue
-        text = Path(p).read_text(encoding="utf-8")
-        if text_docs == "file":
-            parts = [text]
-        elif text_docs == "paragraph":
-            parts = text.split("\n\n")
-        else:
-            parts = text.splitlines()
-        yield from (d for d in parts if d.strip())
-
-
-def _jsonl_docs(path: str, key: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PrepareError(f"--input {path}: line {n} is not JSON ({exc.msg})") from exc
-            if not isinstance(row, dict) or key not in row:
-                raise PrepareError(f"--input {path}: line {n} has no {key!r} field; set --json-key")
-            if row[key]:
-                yield str(row[key])
 
 
 def token_dtype(vocab_size: int, fmt: str) -> np.dtype:
@@ -150,14 +103,14 @@ class Progress:
 
 def tokenize(tokenizer, docs: Iterator[str], eod: int | None, batch_docs: int, progress: Progress):
     """Yield one int64 token array per document (EOD appended), tokenizing batches of documents
-    at once (encode_batch runs on the tokenizer's Rust thread pool)."""
+    at once (the libraries encode a batch on their own thread pools)."""
     n_docs = n_tokens = n_bytes = 0
     batch: list[str] = []
 
     def flush():
         nonlocal n_docs, n_tokens
-        for enc in tokenizer.encode_batch(batch, add_special_tokens=False):
-            ids = np.asarray(enc.ids, dtype=np.int64)
+        for ids in tokenizer.encode_batch(batch):
+            ids = np.asarray(ids, dtype=np.int64)
             if eod is not None:
                 ids = np.append(ids, eod)
             n_docs, n_tokens = n_docs + 1, n_tokens + len(ids)
@@ -219,8 +172,9 @@ class _TokenFile:
             os.remove(self.tmp)
 
 
-def fingerprint(tokenizer_json: str, file_digests: list[str]) -> str:
-    h = hashlib.sha256(tokenizer_json.encode())
+def fingerprint(tokenizer: bytes, file_digests: list[str]) -> str:
+    """sha256 over the tokenizer's serialization and the written files' digests."""
+    h = hashlib.sha256(tokenizer)
     for d in file_digests:
         h.update(d.encode())
     return h.hexdigest()
@@ -241,8 +195,16 @@ def prepare(
 ) -> dict:
     """Tokenize `inputs` into the `fmt` files at `out`; returns the manifest (also written as JSON)."""
     _check_args(inputs, fmt, text_docs, val_fraction, batch_docs)
+    try:
+        bpe = tokenizer_mod.bpe_size(tokenizer_spec)
+    except tokenizer_mod.TokenizerError as exc:
+        raise PrepareError(str(exc)) from None
+    if bpe is not None:  # trained on the input itself, saved beside the output, named in the manifest
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        tokenizer_spec = out.rstrip("/") + ".tokenizer.json"
+        tokenizer_mod.train_bpe(documents(inputs, json_key, text_docs), bpe, tokenizer_spec)
     tok = load_tokenizer(tokenizer_spec)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
+    vocab = tok.vocab_size
     eod = eod_id(tok, eod_token) if append_eod else None
     # nanoGPT's val split is the last documents: tokenize first, split on the document lengths after
     lengths: list[int] = []
@@ -264,7 +226,8 @@ def prepare(
         stream = np.memmap(tmp_all.tmp, dtype=tmp_all.dtype, mode="r")
         manifest = {
             "manifest_version": MANIFEST_VERSION,
-            "tokenizer": tokenizer_spec,
+            "tokenizer": _absolute(tokenizer_spec),
+            "tokenizer_kind": tok.kind,
             "vocab_size": vocab,
             "eod_id": eod,
             "documents": len(lengths),
@@ -285,9 +248,15 @@ def prepare(
     return outputs
 
 
+def _absolute(spec: str) -> str:
+    """A tokenizer path made absolute (the manifest outlives the working directory); a hub name as is."""
+    path = os.path.expanduser(spec)
+    return os.path.abspath(path) if os.path.exists(path) else spec
+
+
 def _check_args(inputs, fmt, text_docs, val_fraction, batch_docs) -> None:
     if not inputs:
-        raise PrepareError("--input: no files given; pass one or more .txt/.jsonl files")
+        raise PrepareError("--input: no files given; pass parquet, arrow, .jsonl or text files")
     if fmt not in ("megatron", "nanogpt", "both"):
         raise PrepareError(f"--format={fmt}: unknown; use megatron, nanogpt or both")
     if text_docs not in ("file", "paragraph", "line"):
@@ -319,7 +288,7 @@ def _write_megatron(out, stream, lengths, vocab, tok, manifest) -> dict:
         "token_dtype": dtype.name,
         "files": [os.path.basename(out) + ext for ext in (".bin", ".idx")],
     }
-    man["fingerprint"] = fingerprint(tok.to_str(), [digest])
+    man["fingerprint"] = fingerprint(tok.serialized, [digest])
     _write_json(out + ".json", man)
     return man
 
@@ -348,7 +317,7 @@ def _write_nanogpt(out, stream, lengths, vocab, val_fraction, tok, manifest) -> 
         files.append(name)
     man = {**manifest, "format": "nanogpt", "token_dtype": dtype.name, "files": files}
     man.update(val_documents=n_val, train_tokens=cut, val_tokens=int(sum(lengths)) - cut)
-    man["fingerprint"] = fingerprint(tok.to_str(), digests)
+    man["fingerprint"] = fingerprint(tok.serialized, digests)
     _write_json(os.path.join(out, "meta.json"), man)
     return man
 
@@ -363,11 +332,22 @@ def _write_json(path: str, obj: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.data.prepare", description=__doc__.split("\n")[0])
-    p.add_argument("--tokenizer", required=True, help="tokenizer.json, a model directory, or a hub name")
-    p.add_argument("--input", required=True, nargs="+", help=".txt or .jsonl files")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        help="tokenizer.json, a model directory, .tiktoken, .model, a hub name, or bpe:N (trained here)",
+    )
+    p.add_argument(
+        "--input",
+        required=True,
+        nargs="+",
+        help="parquet, arrow, .jsonl or text files, or directories of them",
+    )
     p.add_argument("--out", required=True, help="output prefix (megatron) / directory (nanogpt)")
     p.add_argument("--format", default="megatron", help="megatron, nanogpt or both")
-    p.add_argument("--json-key", default="text", help="JSONL field holding the text")
+    p.add_argument(
+        "--json-key", default="text", help="JSONL field / parquet or arrow column holding the text"
+    )
     p.add_argument("--text-docs", default="file", help="text files: one document per file, paragraph or line")
     p.add_argument("--append-eod", action="store_true", help="end every document with the EOD token")
     p.add_argument("--eod-token", default=None, help="the EOD token's text (default: a known EOS name)")

@@ -25,6 +25,20 @@ bias, a top-k scaling factor, token dropping) is refused.
 Embeddings, norms, the LM head, the MoE router and Qwen2-MoE's shared-expert gate stay BF16 in every
 format (as in miles' converters); each routed expert's matrices are quantized on their own, like
 any linear (FP8: 128x128 tiles of that expert's matrix; INT4: groups along its rows).
+
+Beside the weights, what a server needs to generate (a servable directory, not only a loadable one):
+- from the config the run was imported from (`model=hf model.hf_config=DIR`), when it is still
+  there: `bos/eos/pad_token_id`, `max_position_embeddings` (not the training sequence length) and
+  the architecture (`model_type: mistral` is written back as `MistralForCausalLM`, not as Llama),
+  and its `generation_config.json` (sampling defaults) as it was;
+- the tokenizer the run's data names (`data.tokenizer`, the `prepare` manifest's, stdlib_text's
+  BPE), as `tokenizer.json` + `tokenizer_config.json` (transformers' PreTrainedTokenizerFast, or
+  the source model directory's own tokenizer files; a `.tiktoken` file converted by transformers'
+  TikTokenConverter, the same ids); its end-of-text token is the eos id when the imported config
+  names none (a sentencepiece model is named in a warning, not converted);
+- `generation_config.json` with those ids when the source had none.
+INT4 group sizes other than -1 (per channel), 32, 64 and 128 load in transformers but not in the
+common serving kernels (vLLM's Marlin and Machete, ExLlamaV2 take those): the export warns.
 """
 
 from __future__ import annotations
@@ -44,10 +58,13 @@ from harness.config.schema import ModelConfig
 from harness.interop.hf_weights import lowp_to_hf
 
 FORMATS = ("hf", "hf-fp8", "hf-int4")
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
 # linears left in BF16 besides lm_head: the MoE routers and Qwen2-MoE's shared-expert gate
 ROUTERS = ("mlp.gate", "block_sparse_moe.gate", "shared_expert_gate")
 FP8_BLOCK = 128
+SERVING_INT4_GROUPS = (-1, 32, 64, 128)
+"""Group sizes vLLM's compressed-tensors WNA16 kernels (Marlin, Machete) and ExLlamaV2 accept."""
 
 
 class ExportError(ValueError):
@@ -57,11 +74,33 @@ class ExportError(ValueError):
 # ---- reading a run ---------------------------------------------------------------------------------
 
 
-def run_config(run_dir: Path) -> dict:
+def run_json(run_dir: Path) -> dict:
     path = run_dir / "run.json"
     if not path.is_file():
         raise ExportError(f"{run_dir}: no run.json; give a lowp run directory")
-    return json.loads(path.read_text())["config"]
+    return json.loads(path.read_text())
+
+
+def run_config(run_dir: Path) -> dict:
+    return run_json(run_dir)["config"]
+
+
+def source_dir(cfg: dict) -> Path | None:
+    """The Hugging Face directory the run's model config was read from, if it is still there."""
+    spec = cfg["model"].get("hf_config")
+    if not spec or str(spec) == "???":
+        return None
+    p = Path(os.path.expanduser(str(spec)))
+    p = p.parent if p.is_file() else p
+    return p if (p / "config.json").is_file() else None
+
+
+def source_config(cfg: dict) -> dict:
+    """The imported config.json as written (empty for a run that did not import one)."""
+    from harness.interop.hf_config import read_hf_config
+
+    src = source_dir(cfg)
+    return read_hf_config(str(src)) if src is not None else {}
 
 
 def run_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -81,8 +120,9 @@ def run_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 # ---- the HF config ---------------------------------------------------------------------------------
 
 
-def hf_config(m: ModelConfig, run_dir: Path):
-    """The transformers config of the run's architecture (refused if transformers has none)."""
+def hf_config(m: ModelConfig, run_dir: Path, source: dict | None = None):
+    """The transformers config of the run's architecture (refused if transformers has none); the
+    imported config `source`'s token ids, context length and Mistral family carried over."""
     import transformers
 
     if (m.normalization, m.activation, m.position_embedding) != ("RMSNorm", "swiglu", "rope"):
@@ -90,6 +130,7 @@ def hf_config(m: ModelConfig, run_dir: Path):
             f"{run_dir}: model {m.name} is {m.normalization}/{m.activation}/{m.position_embedding}; "
             "Hugging Face export needs RMSNorm/swiglu/rope (a Llama or Qwen style model)"
         )
+    source = source or {}
     heads = m.num_attention_heads
     kw = dict(
         hidden_size=m.hidden_size,
@@ -99,12 +140,13 @@ def hf_config(m: ModelConfig, run_dir: Path):
         num_key_value_heads=m.num_query_groups or heads,
         head_dim=m.kv_channels or m.hidden_size // heads,
         vocab_size=m.vocab_size,
-        max_position_embeddings=m.seq_length,
+        max_position_embeddings=max(m.seq_length, int(source.get("max_position_embeddings", 0) or 0)),
         rms_norm_eps=m.layernorm_epsilon,
         rope_theta=m.rotary_base,
         tie_word_embeddings=not m.untie_embeddings_and_output_weights,
         initializer_range=m.init_method_std,
         torch_dtype="bfloat16",
+        **{k: source.get(k) for k in TOKEN_IDS},  # None where unknown: never transformers' defaults
     )
     if m.rope_scaling:  # Llama 3.1's, the one rope_type lowp implements besides the plain one
         kw["rope_scaling"] = {
@@ -123,6 +165,8 @@ def hf_config(m: ModelConfig, run_dir: Path):
     if m.qk_layernorm:
         return transformers.Qwen3Config(**kw, attention_bias=m.add_bias_linear), "Qwen3ForCausalLM"
     bias = m.add_bias_linear
+    if source.get("model_type") == "mistral" and not bias and not m.rope_scaling:
+        return transformers.MistralConfig(**kw, sliding_window=None), "MistralForCausalLM"
     return transformers.LlamaConfig(**kw, attention_bias=bias, mlp_bias=bias), "LlamaForCausalLM"
 
 
@@ -299,23 +343,102 @@ def quantization_config(fmt: str, group: int, moe: bool = False) -> dict | None:
     return None
 
 
+def check_serving_group(group: int) -> str | None:
+    """The warning for an INT4 group size the common serving kernels do not take (None if they do)."""
+    if group in SERVING_INT4_GROUPS:
+        return None
+    return (
+        f"--format=hf-int4 with group size {group}: transformers loads it, but vLLM's INT4 kernels "
+        f"(Marlin, Machete) and ExLlamaV2 accept group sizes {', '.join(map(str, SERVING_INT4_GROUPS))} "
+        "only; export with --group-size=128 (or 32/64) to serve it"
+    )
+
+
+def tokenizer_spec(rj: dict) -> str | None:
+    """The tokenizer the run's data was tokenized with: its provenance (a prepare manifest's or a
+    text source's), else data.tokenizer."""
+    return rj.get("provenance", {}).get("data", {}).get("tokenizer") or rj["config"]["data"].get("tokenizer")
+
+
+def write_tokenizer(spec: str | None, src: Path | None, out: str) -> tuple[object | None, str | None]:
+    """(the transformers tokenizer written to `out`, or None; a warning, or None). The run's data
+    tokenizer first; without one, the imported model directory's own tokenizer files."""
+    import transformers
+
+    from harness.data.prepare import EOD_CANDIDATES
+
+    path = Path(os.path.expanduser(spec)) if spec else None
+    if path is None and src is not None and (src / "tokenizer.json").is_file():
+        path = src
+    if path is None:
+        return None, None
+    if path.is_dir() and (path / "tokenizer_config.json").is_file():
+        tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    else:
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if file.suffix not in (".json", ".tiktoken") or not file.is_file():
+            return None, (
+                f"tokenizer {spec} not written: the export converts a tokenizers JSON or a .tiktoken file "
+                "(not a sentencepiece model); write its tokenizer.json beside the weights"
+            )
+        tok = transformers.PreTrainedTokenizerFast(tokenizer_object=_tokenizers_object(file))
+        vocab = tok.get_vocab()
+        eot = next((name for name in EOD_CANDIDATES if name in vocab), None)
+        if eot is not None:
+            tok.eos_token = eot
+            tok.pad_token = tok.pad_token or eot
+    tok.save_pretrained(out)
+    return tok, None
+
+
+def _tokenizers_object(file: Path):
+    """A `tokenizers.Tokenizer` of a tokenizer.json, or of a .tiktoken file converted by transformers'
+    TikTokenConverter with the split pattern and <|endoftext|> lowp reads it with (same ids)."""
+    import tokenizers
+
+    if file.suffix != ".tiktoken":
+        return tokenizers.Tokenizer.from_file(str(file))
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from harness.data.tokenizer import CL100K_PATTERN, TIKTOKEN_EOT
+
+    return TikTokenConverter(
+        vocab_file=str(file), pattern=CL100K_PATTERN, extra_special_tokens=[TIKTOKEN_EOT]
+    ).converted()
+
+
+def write_generation_config(hf_cfg, src: Path | None, out: str) -> None:
+    """The imported model's generation_config.json as it was, else one holding the config's ids."""
+    import transformers
+
+    if src is not None and (src / "generation_config.json").is_file():
+        gen = transformers.GenerationConfig.from_pretrained(str(src))
+    else:
+        gen = transformers.GenerationConfig(**{k: getattr(hf_cfg, k, None) for k in TOKEN_IDS})
+    gen.save_pretrained(out)
+
+
 def export(
     run_dir: str, fmt: str, out: str, group_size: int | None = None, fp32_scales: bool | None = None
 ) -> dict:
-    """Write the checkpoint; returns a summary (format, tensors, bytes)."""
+    """Write the checkpoint; returns a summary (format, tensors, bytes, warnings)."""
     if fmt not in FORMATS:
         raise ExportError(f"--format={fmt}: unknown; use one of {', '.join(FORMATS)}")
     rd = Path(run_dir)
-    cfg = run_config(rd)
+    rj = run_json(rd)
+    cfg = rj["config"]
     m = ModelConfig(**cfg["model"])
-    hf_cfg, arch = hf_config(m, rd)
+    src = source_dir(cfg)
+    hf_cfg, arch = hf_config(m, rd, source_config(cfg))
     recipe = cfg.get("recipe", {})
     group = group_size or recipe.get("int4_group_size", 128)
     # the blockwise recipe's preset scales (power-of-two, TE's Float8BlockScaling default) unless asked
     power_2 = recipes.default_fields("blockwise").power_2_scales if fp32_scales is None else not fp32_scales
     sd = lowp_to_hf(run_weights(rd), m)
+    warnings = []
     if fmt == "hf-int4":
         check_int4_groups(sd, group, "--group-size" if group_size else "the run's recipe.int4_group_size")
+        warnings.append(check_serving_group(group))
     tensors = quantize_state(sd, fmt, power_2, group)
     hf_cfg.architectures = [arch]
     qc = quantization_config(fmt, group, moe=bool(m.num_moe_experts))
@@ -324,12 +447,26 @@ def export(
     os.makedirs(out, exist_ok=True)
     from safetensors.torch import save_file
 
+    tok, warning = write_tokenizer(tokenizer_spec(rj), src, out)
+    warnings.append(warning)
+    if tok is not None and hf_cfg.eos_token_id is None and tok.eos_token_id is not None:
+        hf_cfg.eos_token_id = tok.eos_token_id
+        hf_cfg.pad_token_id = hf_cfg.pad_token_id if hf_cfg.pad_token_id is not None else tok.pad_token_id
     tmp = Path(out) / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, Path(out) / "model.safetensors")
     hf_cfg.save_pretrained(out)
+    write_generation_config(hf_cfg, src, out)
     size = sum(t.numel() * t.element_size() for t in tensors.values())
-    return {"format": fmt, "architecture": arch, "tensors": len(tensors), "bytes": size, "out": out}
+    return {
+        "format": fmt,
+        "architecture": arch,
+        "tensors": len(tensors),
+        "bytes": size,
+        "out": out,
+        "tokenizer": tok is not None,
+        "warnings": [w for w in warnings if w],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,8 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for warning in res["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     mib = res["bytes"] / 2**20
-    print(f"{res['format']}: {res['architecture']}, {res['tensors']} tensors, {mib:.1f} MiB -> {a.out}")
+    tok = ", tokenizer" if res["tokenizer"] else ""
+    print(f"{res['format']}: {res['architecture']}, {res['tensors']} tensors, {mib:.1f} MiB{tok} -> {a.out}")
     return 0
 
 

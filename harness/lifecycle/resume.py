@@ -52,7 +52,7 @@ RESULT_NEUTRAL = (
     "hardware.measured_tflops",
     "hardware.native_recipes",  # what validation allows on the part; the requested config is validated
 )
-LOCATION = ("data.path", "data.eval_path")
+LOCATION = ("data.path", "data.eval_path", "data.cache_dir")
 """Where the data files are: the data is compared by its content fingerprint instead."""
 ROW_FILES = ("metrics.jsonl", "numerics.jsonl")
 MOVED_ASIDE = ("checkpoints", *ROW_FILES, "summary.json", "error.txt", "run.json")

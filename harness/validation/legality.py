@@ -11,6 +11,7 @@ from harness.backends.te_env import userbuffers_errors
 from harness.backends.te_options import option_errors
 from harness.config import schema
 from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
+from harness.data import SOURCES
 from harness.model.plan import OVERRIDE_FIELDS
 from harness.validation.moe_rules import moe_errors, moe_name_errors
 
@@ -28,7 +29,7 @@ NAMES = {
     "model.normalization": ("LayerNorm", "RMSNorm"),
     "model.activation": ("gelu", "swiglu"),
     "model.position_embedding": ("learned", "rope"),
-    "data.name": ("synthetic", "markov", "stdlib_bytes", "memmap", "megatron"),
+    "data.name": tuple(SOURCES),
     "data.token_dtype": ("uint16", "uint32"),
     "backend.name": ("te", "emulated", "auto"),
     "logger.name": ("wandb", "none"),
