@@ -16,6 +16,8 @@ FP4_FORMATS = ("e2m1",)
 STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 FP8_FAST_ACCUMULATION = ("fprop", "all")
 INT4_SCOPES = ("all_linear", "routed_experts")
+TE_EXACT_VERSION = "2.20.2"
+"""The TE whose numerics the emulated backend reproduces bit for bit (docs/numerics.md)."""
 
 
 @dataclass
@@ -303,7 +305,7 @@ class BackendConfig:
 
     name: str = "auto"
     """te (Transformer Engine), emulated (pure PyTorch numerics), or auto."""
-    te_version: str = "2.20.2"
+    te_version: str = TE_EXACT_VERSION
     """TE version assumed for validation when TE is not installed."""
     packed_qkv_grad: bool = False
     """backend=te: q, k and v leave the fused QKV output through one autograd node whose backward
