@@ -127,13 +127,28 @@ def test_config_error(case, tmp_path, capsys):
     refused(capsys, tmp_path / "run", *overrides, match=match)  # and no run dir left
 
 
+# -- an unknown preset: one line with the closest names, exit 2 (before Hydra looks for it) ---------
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        ("recipe=fp7", "error: recipe=fp7: no such preset; recipe presets: bf16, blockwise,"),
+        ("model=gpt_huge", "error: model=gpt_huge: no such preset; model presets: gpt_125m,"),
+        (
+            "hardware=h2000",
+            "error: hardware=h2000: no such preset; did you mean h200? hardware presets: a100,",
+        ),
+    ],
+)
+def test_unknown_preset(override, line, tmp_path, capsys):
+    code, err = cli(capsys, *FAST, f"hydra.run.dir={tmp_path}", override)
+    assert code == 2 and err.startswith(line) and err.count("\n") == 1, err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
 # -- Hydra's own composition errors keep Hydra's message and exit code 1 ------------------------------
 @pytest.mark.parametrize(
     "override,match",
     [
-        ("recipe=fp7", "Could not find 'recipe/fp7'"),
-        ("model=gpt_huge", "Could not find 'model/gpt_huge'"),
-        ("hardware=tpu", "Could not find 'hardware/tpu'"),
         ("steps=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
         ("optimizer.lr=fast", "could not be converted to Float"),
     ],
