@@ -156,7 +156,8 @@ class _Job:
         writer = RunWriter(self.run_dir, append=self.found is not None) if dist.is_main else NullWriter()
         fresh = self.found is None and self.previous is None
         record = False
-        t0 = time.perf_counter()
+        earlier = A.earlier_wall_time(self.run_dir) if self.found else 0.0  # resumed: the attempts before
+        t0 = time.perf_counter() - earlier
         try:
             trainer = self._build(writer)
             with self.tracker as logger:
@@ -221,6 +222,7 @@ class _Job:
         if summary.status == A.PREEMPTED:
             logger.mark_preempting()
         logger.summary(asdict(summary))
+        log.info(A.closing_line(summary, run_dir))
 
     def _build(self, writer) -> Trainer:
         """The Trainer, with the checkpoint's state when resuming. A ValueError here is the config's
@@ -296,6 +298,7 @@ def _run_json(
         params=trainer.params,
         flops_per_token=trainer.flops_per_token,
         tokens_per_step=trainer.tokens_per_step,
+        eval_tokens=trainer.eval_tokens,  # eval_tokens, at most the run's training tokens
         grad_accumulation=trainer.accum,
         parallel=trainer.parallel.describe(),
     )
