@@ -160,6 +160,7 @@ def unknown_preset(overrides: list[str]) -> str | None:
 def main() -> float | None:
     """`lowp-train`: a removed recipe name, or a preset that does not exist, is refused (exit 2)
     before Hydra looks for it; `--help` is `print_help`."""
+    _plugins_on_path()  # before anything asks Hydra for its plugins (it lists them once)
     refused = recipes.legacy_in(sys.argv[1:]) or unknown_preset(sys.argv[1:])
     if refused:
         print(f"error: {refused}", file=sys.stderr)
@@ -168,6 +169,15 @@ def main() -> float | None:
     if args is not None and args.help:
         return print_help(args.overrides)
     return _main()
+
+
+def _plugins_on_path() -> None:
+    """Hydra finds plugins by listing the folders of `hydra_plugins` on sys.path, and an editable
+    install's import hook lists none: `lowp-train -m hydra/launcher=serial` would not find lowp's
+    launcher. The folder that holds it goes on the path (as harness.multirun.launch does for its jobs)."""
+    root = str(Path(importlib.import_module("hydra_plugins.lowp_launcher").__file__).parents[2])
+    if root not in sys.path:
+        sys.path.append(root)
 
 
 def _hydra_args(argv: list[str]):

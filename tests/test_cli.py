@@ -2,7 +2,9 @@
 schema `base_*` nodes); a mistyped preset gets one line with the closest names and exit code 2;
 `--help` and tab completion never import torch."""
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,40 @@ def test_help_and_completion_do_not_import_torch():
         res = run_cli(["-c", code], env={"COMP_LINE": "lowp-train recipe=tens"})
         assert res.returncode == 0, res.stderr[-2000:]
         assert ("recipe=tensorwise" if "-sc" in argv else "== Config groups") in res.stdout
+
+
+@pytest.mark.parametrize("launcher", ["serial", "local_parallel"])
+def test_local_launchers_keep_one_job_files_folder(launcher):
+    """submitit's local executor makes its folder as given: `.submitit/%j` left a literal `%j` folder."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from harness.config.paths import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    folder = OmegaConf.to_container(cfg.hydra.launcher)["submitit_folder"]
+    assert folder == "${hydra.sweep.dir}/.submitit"
+
+
+@pytest.mark.slow
+def test_console_script_multirun_on_lowps_launcher(tmp_path):
+    """`lowp-train -m hydra/launcher=serial` from any directory: Hydra finds lowp's launcher (an
+    editable install's import hook hid it), and the sweep dir holds no literal `.submitit/%j`."""
+    script = Path(sys.executable).with_name("lowp-train")
+    if not script.exists():
+        pytest.skip("lowp-train is not installed beside this Python")
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/launcher=serial", "model=gpt_tiny", "steps=2", "logger=none", "eval_tokens=256"]
+    res = subprocess.run(
+        [str(script), *args, "seed=0,1", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(p.parent.name for p in sweep.glob("*/summary.json")) == ["0_bf16_s0", "1_bf16_s1"]
+    assert not list(sweep.rglob("*%j*"))
