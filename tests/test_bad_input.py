@@ -541,7 +541,11 @@ def test_cli_sigterm_then_restart_resumes(tmp_path):
         line.split("to resume this run: ")[1] for line in err.splitlines() if "to resume this run" in line
     ]
     assert f"hydra.run.dir={tmp_path}" in command
-    res = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=REPO, env=env, capture_output=True)
+    argv = shlex.split(command)
+    argv = argv[3:] if argv[:3] == ["python", "-m", "harness.train"] else argv[1:]  # or lowp-train
+    res = subprocess.run(
+        [sys.executable, "-m", "harness.train", *argv], cwd=REPO, env=env, capture_output=True
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "loss/train" in x]
