@@ -157,7 +157,7 @@ class Trainer:
         )
         self.micro_batches_seen = 0
         self.eval_tokens = eval_tokens(cfg, self.tokens_per_step)
-        self.eval_set = self.data.eval_batches(self.eval_tokens, cfg.micro_batch_size)
+        self.eval_set = self._eval_set()
         self.metrics = M.MetricsProcessor(
             device=self.device,
             tokens_per_step=self.tokens_per_step,
@@ -166,6 +166,18 @@ class Trainer:
             log_interval=cfg.log_interval,
             dist=self.dist,
         )
+
+    def _eval_set(self):
+        """The held-out batches; a refusal of a capped budget names the eval_tokens the user set too."""
+        try:
+            return self.data.eval_batches(self.eval_tokens, self.cfg.micro_batch_size)
+        except ValueError as exc:
+            if self.eval_tokens == self.cfg.eval_tokens:
+                raise
+            raise ValueError(
+                f"{exc} (eval_tokens={self.cfg.eval_tokens}, capped at the {self.eval_tokens} tokens "
+                "this run trains on)"
+            ) from exc
 
     def _peak(self, dtype: str) -> float | None:
         return (self.cfg.hardware.peak_tflops or {}).get(dtype)
