@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import io
 import logging
 import math
 import os
@@ -168,7 +169,27 @@ def main() -> float | None:
     args = _hydra_args(sys.argv[1:])
     if args is not None and args.help:
         return print_help(args.overrides)
+    if args is not None and args.shell_completion and any(o.startswith("query=") for o in args.overrides):
+        return _complete()
     return _main()
+
+
+def _complete() -> None:
+    """A tab press (`-sc query=SHELL`): Hydra's suggestions without the schema's `base_<group>` nodes,
+    which Hydra offers beside the presets (`recipe=base_recipe`)."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            _main()
+    finally:
+        for line in out.getvalue().splitlines():
+            words = line.split(" ")
+            print(" ".join(w for w in words if not _schema_node(w)))
+
+
+def _schema_node(word: str) -> bool:
+    group, sep, value = word.lstrip("+~").partition("=")
+    return bool(sep) and group in GROUPS and value == f"base_{group}"
 
 
 def _plugins_on_path() -> None:
