@@ -167,8 +167,8 @@ def main() -> float | None:
         print(f"error: {refused}", file=sys.stderr)
         sys.exit(2)
     args = _hydra_args(sys.argv[1:])
-    if args is not None and args.help:
-        return print_help(args.overrides)
+    if args is not None and args.help and not (args.config_name or args.config_dir or args.config_path):
+        return print_help(args.overrides)  # another config tree (-cn/-cd/-cp): Hydra's own help
     if args is not None and args.shell_completion and any(o.startswith("query=") for o in args.overrides):
         return _complete()
     return _main()
