@@ -407,7 +407,7 @@ def terminal_table(comparison: Comparison, numerics: pd.DataFrame | None = None)
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 ok, 1 no runs found, 2 bad arguments)."""
     p = argparse.ArgumentParser(
-        prog="python -m analysis.report",
+        prog="lowp-report",  # python -m analysis.report in a checkout
         description="Compare the low-precision runs under DIR... with their BF16 baselines and write "
         "comparison.csv, gaps.csv, runs.csv, report.md and a self-contained report.html. Reads run "
         "directories (run.json) and W&B offline runs (wandb/offline-run-*/run-*.wandb) from disk only.",

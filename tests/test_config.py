@@ -129,7 +129,6 @@ def test_unknown_preset_keeps_hydras_error():
 
 
 def test_slurm_launcher_preset_composes():
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
+import sys
 
 import pytest
 
@@ -98,7 +100,25 @@ def test_truncate_rows_keeps_up_to_the_step_and_drops_a_torn_line(tmp_path):
 
 def test_resume_command_replaces_run_dir_and_resume_mode(tmp_path):
     cmd = R.resume_command(tmp_path, ["recipe=delayed", "resume=never", "hydra.run.dir=old", "seed=1"])
-    assert cmd == f"python -m harness.train recipe=delayed seed=1 hydra.run.dir={tmp_path.resolve()}"
+    assert cmd == f"{shlex.join(R.train_command())} recipe=delayed seed=1 hydra.run.dir={tmp_path.resolve()}"
+
+
+def test_resume_command_leads_with_the_console_script(tmp_path, monkeypatch):
+    """`lowp-train` where it is on PATH, the script as it was called where it is not (a venv not
+    activated), `python -m harness.train` when started that way and none is installed."""
+    script = tmp_path / "bin" / "lowp-train"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(sys, "argv", [str(script), "recipe=delayed"])
+    assert R.train_command() == [str(script)]
+    monkeypatch.setenv("PATH", str(script.parent))
+    assert R.train_command() == ["lowp-train"]
+    monkeypatch.setattr(sys, "argv", ["/checkout/harness/train.py"])  # python -m harness.train
+    assert R.train_command() == ["lowp-train"]
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    assert R.train_command() == ["python", "-m", "harness.train"]
 
 
 @pytest.mark.slow  # the W&B client starts its own service process

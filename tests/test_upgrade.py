@@ -272,11 +272,13 @@ def test_resume_command_gives_back_the_run_dir_through_shell_and_hydra(tail, tmp
         run_dir, ["recipe=delayed", "data.path='/a b/c'", "hydra.run.dir=old", "resume=never"]
     )
     argv = shlex.split(cmd)  # as the shell splits it
-    assert argv[:3] == ["python", "-m", "harness.train"]
-    overrides = OverridesParser.create().parse_overrides(argv[3:])  # as Hydra parses it
+    head = R.train_command()  # lowp-train, or python -m harness.train
+    assert argv[: len(head)] == head
+    argv = argv[len(head) :]
+    overrides = OverridesParser.create().parse_overrides(argv)  # as Hydra parses it
     assert [o.key_or_group for o in overrides] == ["recipe", "data.path", "hydra.run.dir"]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=argv[3:], return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=argv, return_hydra_config=True)
     assert OmegaConf.select(cfg, "hydra.run.dir") == str(run_dir.resolve())  # and as its config resolves it
     GlobalHydra.instance().clear()

@@ -16,6 +16,8 @@ FP4_FORMATS = ("e2m1",)
 STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 FP8_FAST_ACCUMULATION = ("fprop", "all")
 INT4_SCOPES = ("all_linear", "routed_experts")
+TE_EXACT_VERSION = "2.20.2"
+"""The TE whose numerics the emulated backend reproduces bit for bit (docs/numerics.md)."""
 
 
 @dataclass
@@ -313,7 +315,7 @@ class BackendConfig:
 
     name: str = "auto"
     """te (Transformer Engine), emulated (pure PyTorch numerics), or auto."""
-    te_version: str = "2.20.2"
+    te_version: str = TE_EXACT_VERSION
     """TE version assumed for validation when TE is not installed."""
     packed_qkv_grad: bool = False
     """backend=te: q, k and v leave the fused QKV output through one autograd node whose backward
@@ -421,14 +423,16 @@ class Config:
     eval_interval: int = 50
     """Steps between evals (and at the end); 0 = only at the end."""
     eval_tokens: int = 32768
-    """Fixed held-out token budget per eval."""
+    """Fixed held-out token budget per eval, at most the tokens the run trains on (steps x
+    global_batch_size x seq_length: a short run's evals cost no more than its training)."""
     log_interval: int = 10
     """Steps between logged metric rows."""
     telemetry_interval: int = 0
     """Steps between numerics telemetry rows; 0 = off."""
     checkpoint_interval: int | None = None
-    """Steps between checkpoints; null = every 10% of the steps; 0 = only at the end; -1 = only when
-    a signal stops the run (a stopped run always resumes)."""
+    """Steps between checkpoints; null = every 10% of the steps, at most every 10 steps (a run of
+    fewer checkpoints only at its end); 0 = only at the end; -1 = only when a signal stops the run
+    (a stopped run always resumes)."""
     checkpoint_keep: int = 2
     """How many of the newest usable checkpoints are kept (a corrupted one does not count; a corrupted
     newest falls back to the previous)."""

@@ -192,6 +192,35 @@ class Summary:
     """The rank whose failure ended the run (the earliest to fail), with several ranks."""
 
 
+def closing_line(summary: Summary, run_dir: Path) -> str:
+    """The run's last log line: how it ended, its final losses and throughput, where its files are."""
+    end = summary.status
+    if summary.status == DIVERGED:
+        end = f"diverged at step {summary.diverged_step} ({summary.divergence_cause})"
+    parts = [f"{end}: {summary.steps} steps, {summary.tokens:,} tokens in {summary.wall_time_s:.1f} s"]
+    for name, loss in (("loss/train", summary.final_train_loss), ("loss/eval", summary.final_eval_loss)):
+        if loss is not None:
+            parts.append(f"{name} {loss:.4f}")
+    if summary.tokens_per_s:
+        parts.append(f"{summary.tokens_per_s:,.0f} tok/s")
+    if summary.mfu_bf16_peak is not None:
+        parts.append(f"MFU {summary.mfu_bf16_peak:.1%} of the BF16 peak")
+    files = "summary.json, metrics.jsonl, run.json" + (
+        ", checkpoints/" if (run_dir / "checkpoints").is_dir() else ""
+    )
+    return "  ".join(parts) + f"; artifacts in {run_dir} ({files})"
+
+
+def earlier_wall_time(run_dir: Path) -> float:
+    """Seconds the run's earlier attempts took, from the summary.json the latest of them wrote (its
+    wall_time_s already counts the ones before it); 0 without one (an attempt killed by SIGKILL
+    writes none: its time is not counted)."""
+    try:
+        return float(json.loads((Path(run_dir) / "summary.json").read_text()).get("wall_time_s") or 0.0)
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+
+
 def write_rank_failure(run_dir: Path, rank: int, error: str, trace: str) -> None:
     """A failing rank's record in the run dir, error.rank<r>.txt: when (first line), what, where."""
     run_dir = Path(run_dir)

@@ -218,6 +218,25 @@ class MetricsProcessor:
         return row
 
 
+def step_line(row: dict, steps: int, eta_s: float, rss_gib: float | None = None) -> str:
+    """The log line of a logged row: loss, gradient norm, lr, tokens/s, MFU where a peak is known,
+    memory (the device's peak allocated; on a CPU the process's peak resident set, `rss_gib`), ETA."""
+    parts = [f"step {row[STEP]}/{steps}", f"loss {row[LOSS_TRAIN]:.4f}"]
+    if row.get(GRAD_NORM) is not None:
+        parts.append(f"grad {row[GRAD_NORM]:.3g}")
+    parts.append(f"lr {row[LR]:.2e}")
+    tps = row.get(TOKENS_PER_S)
+    parts.append(f"{tps:,.0f} tok/s" if tps else "- tok/s")
+    if row.get(MFU) is not None:
+        parts.append(f"MFU {row[MFU]:.1%}")
+    if row.get(PEAK_MEM_GIB) is not None:
+        parts.append(f"mem {row[PEAK_MEM_GIB]:.2f} GiB")
+    elif rss_gib is not None:
+        parts.append(f"rss {rss_gib:.2f} GiB")
+    parts.append(f"ETA {int(eta_s) // 60}m{int(eta_s) % 60:02d}s")
+    return "  ".join(parts)
+
+
 def summary_mfu(
     tflops: float, *, bf16_peak: float | None, recipe_peak: float | None, emulated: bool
 ) -> tuple[float | None, float | None]:

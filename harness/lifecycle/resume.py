@@ -160,7 +160,19 @@ def resume_command(run_dir: Path, overrides: list[str]) -> str:
     the overrides are kept as the user wrote them (already in Hydra's grammar)."""
     keep = [o for o in overrides if not o.startswith(("hydra.run.dir=", "resume="))]
     run_dir_arg = f"hydra.run.dir={hydra_value(str(Path(run_dir).resolve()))}"
-    return shlex.join(["python", "-m", "harness.train", *keep, run_dir_arg])
+    return shlex.join([*train_command(), *keep, run_dir_arg])
+
+
+def train_command() -> list[str]:
+    """How to start lowp-train again: `lowp-train` where that is on PATH, the console script as it
+    was called where it is not (`.venv/bin/lowp-train`), else `python -m harness.train` (a checkout)."""
+    import shutil
+
+    on_path = shutil.which("lowp-train")
+    called = sys.argv[0] if Path(sys.argv[0]).name == "lowp-train" else None
+    if on_path and (called is None or Path(on_path).resolve() == Path(called).resolve()):
+        return ["lowp-train"]
+    return [called] if called else ["python", "-m", "harness.train"]
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_/.+@%-]+")

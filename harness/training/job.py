@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 import traceback
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,8 +17,8 @@ from omegaconf import OmegaConf
 from harness import recipes
 from harness.backends import resolve_backend_name
 from harness.backends.hardware import device_for
-from harness.config.errors import ConfigError
-from harness.config.schema import Config
+from harness.config.errors import ConfigError, ConfigWarning
+from harness.config.schema import TE_EXACT_VERSION, Config
 from harness.lifecycle import artifacts as A
 from harness.lifecycle import checkpoint as ckpt
 from harness.lifecycle import resume as R
@@ -155,7 +156,8 @@ class _Job:
         writer = RunWriter(self.run_dir, append=self.found is not None) if dist.is_main else NullWriter()
         fresh = self.found is None and self.previous is None
         record = False
-        t0 = time.perf_counter()
+        earlier = A.earlier_wall_time(self.run_dir) if self.found else 0.0  # resumed: the attempts before
+        t0 = time.perf_counter() - earlier
         try:
             trainer = self._build(writer)
             with self.tracker as logger:
@@ -193,7 +195,10 @@ class _Job:
             log.warning("no checkpoint to resume from: starting over; the earlier files are in %s", moved)
         summary.backend = trainer.backend.name
         run_json = _run_json(self.config, cfg, trainer, self.previous, found[1] if found else None)
-        run_json["config_warnings"] = config_warnings  # printed once at validation; kept for the report
+        te_note = te_version_note(run_json["provenance"].get("te_version"))
+        if te_note and self.dist.is_main:
+            warnings.warn(te_note, ConfigWarning, stacklevel=1)
+        run_json["config_warnings"] = config_warnings + ([te_note] if te_note else [])  # kept for the report
         logger.update_config(wandb_config(run_json))  # filterable resolved.* keys (backend that ran, TE)
         writer.write_run({**run_json, "wandb": logger.describe()})
         log.info(
@@ -217,6 +222,7 @@ class _Job:
         if summary.status == A.PREEMPTED:
             logger.mark_preempting()
         logger.summary(asdict(summary))
+        log.info(A.closing_line(summary, run_dir))
 
     def _build(self, writer) -> Trainer:
         """The Trainer, with the checkpoint's state when resuming. A ValueError here is the config's
@@ -240,6 +246,17 @@ def _user_code(fn, *args):
             f"sys.exit({exc.code!r}) was called while the run was {'built' if fn is Trainer else 'training'} "
             "(by user code such as recipe.quantizer_factory); code run by the trainer must raise, not exit"
         ) from exc
+
+
+def te_version_note(version: str | None) -> str | None:
+    """The warning for a TE backend running a TE other than the one lowp's emulation reproduces
+    (None for that TE, and for the emulated backend, which records no te_version)."""
+    if version is None or version == TE_EXACT_VERSION:
+        return None
+    return (
+        f"Transformer Engine {version}: emulated-versus-native comparisons are exact only for "
+        f"TE {TE_EXACT_VERSION}, whose numerics lowp's emulated backend reproduces; here they are approximate"
+    )
 
 
 def _write_quietly(write, what) -> None:
@@ -281,6 +298,7 @@ def _run_json(
         params=trainer.params,
         flops_per_token=trainer.flops_per_token,
         tokens_per_step=trainer.tokens_per_step,
+        eval_tokens=trainer.eval_tokens,  # eval_tokens, at most the run's training tokens
         grad_accumulation=trainer.accum,
         parallel=trainer.parallel.describe(),
     )

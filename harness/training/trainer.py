@@ -11,6 +11,7 @@ import logging
 import math
 import random
 import signal
+import sys
 import time
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -42,10 +43,25 @@ log = logging.getLogger("lowp")
 
 
 def checkpoint_interval(cfg: Config) -> int:
-    """Steps between checkpoints: null protects a real run with one every 10% of its steps."""
+    """Steps between checkpoints: null protects a real run with one every 10% of its steps, and
+    never more often than every 10 steps (a 3-step run checkpoints once, at its end)."""
     if cfg.checkpoint_interval is None:
-        return max(1, math.ceil(cfg.steps / 10))
+        return max(10, math.ceil(cfg.steps / 10))
     return cfg.checkpoint_interval
+
+
+def eval_tokens(cfg: Config, tokens_per_step: int) -> int:
+    """The eval budget: eval_tokens, at most the tokens the run trains on (a short run's evals do not
+    cost more than its training)."""
+    return min(cfg.eval_tokens, cfg.steps * tokens_per_step)
+
+
+def rss_gib() -> float:
+    """This process's peak resident set (Linux reports KiB, macOS bytes): a CPU run's memory."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
 def variant(cfg: Config) -> str:
@@ -140,7 +156,8 @@ class Trainer:
             cfg.micro_batch_size, seed=cfg.seed, rank=self.dist.rank, world=self.dist.world
         )
         self.micro_batches_seen = 0
-        self.eval_set = self.data.eval_batches(cfg.eval_tokens, cfg.micro_batch_size)
+        self.eval_tokens = eval_tokens(cfg, self.tokens_per_step)
+        self.eval_set = self._eval_set()
         self.metrics = M.MetricsProcessor(
             device=self.device,
             tokens_per_step=self.tokens_per_step,
@@ -149,6 +166,18 @@ class Trainer:
             log_interval=cfg.log_interval,
             dist=self.dist,
         )
+
+    def _eval_set(self):
+        """The held-out batches; a refusal of a capped budget names the eval_tokens the user set too."""
+        try:
+            return self.data.eval_batches(self.eval_tokens, self.cfg.micro_batch_size)
+        except ValueError as exc:
+            if self.eval_tokens == self.cfg.eval_tokens:
+                raise
+            raise ValueError(
+                f"{exc} (eval_tokens={self.cfg.eval_tokens}, capped at the {self.eval_tokens} tokens "
+                "this run trains on)"
+            ) from exc
 
     def _peak(self, dtype: str) -> float | None:
         return (self.cfg.hardware.peak_tflops or {}).get(dtype)
@@ -278,7 +307,8 @@ class Trainer:
             self.cfg.checkpoint_keep,
             **({"dist": self.dist, "sharded": self.dist.fsdp} if self.dist.active else {}),
         )
-        log.info("checkpoint %s (%.2fs)", path, time.perf_counter() - t0)
+        where = Path(path).relative_to(self.run_dir) if Path(path).is_relative_to(self.run_dir) else path
+        log.info("checkpoint %s (%.2fs)", where, time.perf_counter() - t0)  # the run dir was said once
 
     def _due(self, interval: int, step: int) -> bool:
         return interval > 0 and (step + 1) % interval == 0 and step + 1 < self.cfg.steps
@@ -359,17 +389,8 @@ class Trainer:
         self.logger.log(row)
         done = row[M.STEP]
         eta = (time.perf_counter() - t0) / done * (self.cfg.steps - done)
-        tps = row.get(M.TOKENS_PER_S)
         log.info(
-            "step %d/%d  loss %.4f  lr %.2e  %s tok/s  ETA %dm%02ds  %s",
-            done,
-            self.cfg.steps,
-            row[M.LOSS_TRAIN],
-            row[M.LR],
-            f"{tps:,.0f}" if tps else "-",
-            eta // 60,
-            eta % 60,
-            self.run_dir,
+            M.step_line(row, self.cfg.steps, eta, rss_gib=None if self.device.type == "cuda" else rss_gib())
         )
 
     def finalize(self, summary: Summary) -> None:

@@ -106,5 +106,5 @@ def check_known_keys(dcfg) -> None:
         parent = key.rpartition(".")[0]
         raise ConfigError(
             f"{key}: no such config field{f' in {parent}' if parent else ''}; check the spelling "
-            "(python -m harness.train --cfg job lists every field), or put free-form tags under extras.<name>"
+            "(lowp-train --cfg job lists every field), or put free-form tags under extras.<name>"
         )

@@ -209,7 +209,7 @@ def _override_errors(ov: schema.ModuleOverride) -> list[str]:
     if bad:
         return [
             f"{where} fields.{bad[0]}: no such recipe field; use fields of conf/recipe/{ov.recipe}.yaml "
-            "(python -m harness.train --cfg job lists them)"
+            "(lowp-train --cfg job lists them)"
         ]
     if ov.resolved is None:
         return []
