@@ -40,7 +40,7 @@ def one(slice_: str, recipe: str, backend: str, steps: int, warmup: int, run_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.moe_slices", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--slices", default="qwen3_30b_a3b_slice,mixtral_8x7b_slice")
     p.add_argument("--recipes", default="bf16,delayed,tensorwise,blockwise")

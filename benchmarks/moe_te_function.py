@@ -72,7 +72,9 @@ def compare(over: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.moe_te_function", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     a = p.parse_args(argv)
     out = {}
