@@ -279,9 +279,10 @@ def test_a_stopped_driver_leaves_its_slurm_job_running_and_resume_watches_it(slu
     assert squeue(slurm)[name] == (job_id, "RUNNING")
     assert json.loads((sweep_dir / "slurm_jobs.json").read_text()) == {"0_bf16_s0": job_id}
 
-    resume = shlex.split(line.split("resume with: ", 1)[1])
+    resume = shlex.split(line.split("resume with: ", 1)[1])  # lowp-sweep or python -m harness.sweep, then
+    args = resume[resume.index("--resume") - 1 :]  # the sweep, --resume and its directory
     again = subprocess.Popen(
-        [sys.executable, *resume[1:], "--no-report"],
+        [sys.executable, "-m", "harness.sweep", *args, "--no-report"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

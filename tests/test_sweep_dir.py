@@ -17,6 +17,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from harness.lifecycle import resume as R
 from harness.multirun import launch as S
 from harness.multirun import sweepdir as D
 from harness.multirun.spec import hydra_value
@@ -216,9 +217,10 @@ def test_odd_paths_reach_hydra_unchanged(no_launch, capsys, tmp_path):
         values = {o.key_or_group: o.value() for o in parser.parse_overrides(list(job.overrides))}
         assert values["logger.wandb.group"].startswith(f"{ODD}/")
         assert values["hydra.sweep.subdir"] == job.name
-    resume = shlex.join(["python", "-m", "harness.sweep", str(own), "--resume", str(sweep_dir)])
+    head = R.console_command("lowp-sweep", "harness.sweep")  # lowp-sweep, or python -m harness.sweep
+    resume = shlex.join([*head, str(own), "--resume", str(sweep_dir)])
     assert f"resume: {resume}\n" in out  # its jobs did not run
-    S.main(shlex.split(resume)[3:])
+    S.main(shlex.split(resume)[len(head) :])
     assert "error" not in capsys.readouterr().err and NoLauncher.commands[1] == cmd
 
 
@@ -310,8 +312,10 @@ def test_ctrl_c_ends_with_one_line_whose_resume_command_finishes_the_sweep(tmp_p
     assert gone(pids["launcher"]) and gone(pids["job"])
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "preempted"
     cmd = shlex.split(last.split("resume with: ", 1)[1])
-    assert cmd == ["python", "-m", "harness.sweep", str(own), "--resume", str(sweep_dir)]
-    again = subprocess.run([sys.executable, *cmd[1:], "--no-report"], cwd=odd, capture_output=True, text=True)
+    head = R.console_command("lowp-sweep", "harness.sweep")  # lowp-sweep, or python -m harness.sweep
+    assert cmd == [*head, str(own), "--resume", str(sweep_dir)]
+    again = [sys.executable, "-m", "harness.sweep", *cmd[len(head) :], "--no-report"]
+    again = subprocess.run(again, cwd=odd, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == LONG_STEPS
@@ -328,7 +332,8 @@ def test_sigterm_ends_with_one_line(tmp_path):
     driver.wait(timeout=120)
     err = (tmp_path / "err").read_text()
     assert driver.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
-    resume = f"python -m harness.sweep {own} --resume {sweep_dir}"
+    head = R.console_command("lowp-sweep", "harness.sweep")
+    resume = shlex.join([*head, str(own), "--resume", str(sweep_dir)])
     assert err.splitlines()[-1] == f"stopped by SIGTERM: 1 of 1 jobs not finished; resume with: {resume}"
     assert gone(pids["launcher"]) and gone(pids["job"])
 

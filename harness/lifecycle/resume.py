@@ -164,15 +164,21 @@ def resume_command(run_dir: Path, overrides: list[str]) -> str:
 
 
 def train_command() -> list[str]:
-    """How to start lowp-train again: `lowp-train` where that is on PATH, the console script as it
-    was called where it is not (`.venv/bin/lowp-train`), else `python -m harness.train` (a checkout)."""
+    """How to start lowp-train again (console_command)."""
+    return console_command("lowp-train", "harness.train")
+
+
+def console_command(script: str, module: str) -> list[str]:
+    """How to start a lowp command again: `script` (lowp-train, lowp-sweep) where that is on PATH,
+    the console script as it was called where it is not (`.venv/bin/lowp-sweep`), else `python -m
+    module` (a checkout)."""
     import shutil
 
-    on_path = shutil.which("lowp-train")
-    called = sys.argv[0] if Path(sys.argv[0]).name == "lowp-train" else None
+    on_path = shutil.which(script)
+    called = sys.argv[0] if Path(sys.argv[0]).name == script else None
     if on_path and (called is None or Path(on_path).resolve() == Path(called).resolve()):
-        return ["lowp-train"]
-    return [called] if called else ["python", "-m", "harness.train"]
+        return [script]
+    return [called] if called else ["python", "-m", module]
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_/.+@%-]+")

@@ -257,4 +257,7 @@ def resume_command(sweep_dir: Path) -> str:
     record = D.read_record(sweep_dir) if (sweep_dir / D.RECORD).exists() else {}
     name, file = record.get("sweep", "NAME"), record.get("file")
     named = not file or Path(file).absolute() == (SWEEPS_DIR / f"{name}.yaml").absolute()
-    return shlex.join(["python", "-m", "harness.sweep", name if named else file, "--resume", str(sweep_dir)])
+    from harness.lifecycle.resume import console_command
+
+    args = [*console_command("lowp-sweep", "harness.sweep"), name if named else file]
+    return shlex.join([*args, "--resume", str(sweep_dir)])

@@ -108,8 +108,11 @@ class Sweep:
 
     def resume_command(self) -> str:
         """The exact command that resumes this sweep (its file by name where it is a named sweep)."""
+        from harness.lifecycle.resume import console_command
+
         named = self.file.absolute() == (SWEEPS_DIR / f"{self.name}.yaml").absolute()
-        args = ["python", "-m", "harness.sweep", self.name if named else str(self.file.absolute())]
+        file = self.name if named else str(self.file.absolute())
+        args = [*console_command("lowp-sweep", "harness.sweep"), file]
         return shlex.join([*args, "--resume", str(self.sweep_dir)])
 
 
