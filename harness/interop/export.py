@@ -34,8 +34,8 @@ Beside the weights, what a server needs to generate (a servable directory, not o
 - the tokenizer the run's data names (`data.tokenizer`, the `prepare` manifest's, stdlib_text's
   BPE), as `tokenizer.json` + `tokenizer_config.json` (transformers' PreTrainedTokenizerFast, or
   the source model directory's own tokenizer files; a `.tiktoken` file converted by transformers'
-  TikTokenConverter, the same ids); its end-of-text token is the eos id when the imported config
-  names none (a sentencepiece model is named in a warning, not converted);
+  TikTokenConverter, a sentencepiece `.model` by its SpmConverter, the same ids); its end-of-text
+  token is the eos id when the imported config names none;
 - `generation_config.json` with those ids when the source had none.
 INT4 group sizes other than -1 (per channel), 32, 64 and 128 load in transformers but not in the
 common serving kernels (vLLM's Marlin and Machete, ExLlamaV2 take those): the export warns.
@@ -376,10 +376,10 @@ def write_tokenizer(spec: str | None, src: Path | None, out: str) -> tuple[objec
         tok = transformers.AutoTokenizer.from_pretrained(str(path))
     else:
         file = path / "tokenizer.json" if path.is_dir() else path
-        if file.suffix not in (".json", ".tiktoken") or not file.is_file():
+        if file.suffix not in (".json", ".tiktoken", ".model") or not file.is_file():
             return None, (
-                f"tokenizer {spec} not written: the export converts a tokenizers JSON or a .tiktoken file "
-                "(not a sentencepiece model); write its tokenizer.json beside the weights"
+                f"tokenizer {spec} not written: the export converts a tokenizers JSON, a .tiktoken file "
+                "or a sentencepiece .model; write its tokenizer.json beside the weights"
             )
         tok = transformers.PreTrainedTokenizerFast(tokenizer_object=_tokenizers_object(file))
         vocab = tok.get_vocab()
@@ -396,6 +396,8 @@ def _tokenizers_object(file: Path):
     TikTokenConverter with the split pattern and <|endoftext|> lowp reads it with (same ids)."""
     import tokenizers
 
+    if file.suffix == ".model":
+        return _sentencepiece_object(file)
     if file.suffix != ".tiktoken":
         return tokenizers.Tokenizer.from_file(str(file))
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -405,6 +407,30 @@ def _tokenizers_object(file: Path):
     return TikTokenConverter(
         vocab_file=str(file), pattern=CL100K_PATTERN, extra_special_tokens=[TIKTOKEN_EOT]
     ).converted()
+
+
+def _sentencepiece_object(file: Path):
+    """A sentencepiece model as a `tokenizers.Tokenizer` with the same ids (tests/test_export_servable.py):
+    transformers' SpmConverter (normalizer, Metaspace pre-tokenizer, decoder), whose BPE branch in
+    transformers 5.24 calls its extractor with the wrong argument (an AttributeError), so BPE models
+    take their vocabulary and merges from SentencePieceExtractor here; unigram models are its own."""
+    import types
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor, SpmConverter
+
+    class Converter(SpmConverter):
+        def tokenizer(self, proto):
+            if proto.trainer_spec.model_type != 2:  # unigram
+                return super().tokenizer(proto)
+            kw = SentencePieceExtractor(str(file)).extract(None)
+            bpe = BPE(kw["vocab"], kw["merges"], unk_token=proto.trainer_spec.unk_piece, fuse_unk=True,
+                      byte_fallback=self.handle_byte_fallback, dropout=None)  # fmt: skip
+            return Tokenizer(bpe)
+
+    original = types.SimpleNamespace(vocab_file=str(file), legacy=True, add_prefix_space=True)
+    return Converter(original).converted()
 
 
 def write_generation_config(hf_cfg, src: Path | None, out: str) -> None:
