@@ -167,6 +167,11 @@ def test_eval_tokens_become_whole_global_batches():
     got = pairs(argv)
     assert got["--eval-interval"] == "5" and got["--eval-iters"] == "2"
     assert any("eval_tokens=1000 -> --eval-iters 2" in n for n in notes)
+    # a run shorter than its eval budget evaluates its training tokens at most, as lowp's trainer does
+    argv, notes = megatron_args(compose_cfg("model=gpt_tiny", "steps=1", "eval_tokens=4096"))
+    assert pairs(argv)["--eval-iters"] == "1"
+    capped = "eval_tokens=4096, capped at the run's 512 training tokens, -> --eval-iters 1"
+    assert any(capped in n for n in notes)
 
 
 @pytest.mark.parametrize("seed, megatron_seed", [(0, "1"), (41, "42")])

@@ -42,9 +42,9 @@ def test_three_step_log_and_defaults(tmp_path, caplog):
 
 def test_short_run_defaults():
     cfg = compose_cfg(*TINY, "steps=3")
-    assert checkpoint_interval(cfg) == 10 and eval_tokens(cfg, 256) == 3 * 256
+    assert checkpoint_interval(cfg) == 10 and eval_tokens(cfg) == 3 * 256
     cfg = compose_cfg(*TINY, "steps=500", "eval_tokens=4096")
-    assert checkpoint_interval(cfg) == 50 and eval_tokens(cfg, 256) == 4096
+    assert checkpoint_interval(cfg) == 50 and eval_tokens(cfg) == 4096
 
 
 def test_wall_time_sums_the_attempts(tmp_path):

@@ -446,3 +446,10 @@ class Config:
     from instead of its random init; its config.json is read with model=hf model.hf_config=."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Free-form tags recorded with the run (not used by the harness)."""
+
+
+def eval_budget(cfg: Config) -> int:
+    """The held-out tokens each evaluation reads: eval_tokens, at most the tokens the run trains on
+    (steps x global_batch_size x seq_length). The trainer evaluates it, a sweep checks its data
+    against it and the Megatron command's --eval-iters is made from it."""
+    return min(cfg.eval_tokens, cfg.steps * cfg.global_batch_size * cfg.model.seq_length)

@@ -26,7 +26,7 @@ import textwrap
 
 from harness import recipes
 from harness.config.errors import ConfigError
-from harness.config.schema import Config, RecipeConfig
+from harness.config.schema import Config, RecipeConfig, eval_budget
 from harness.interop.megatron_arch import UNTIE, architecture_flags, moe_flags
 
 Flag = tuple[str, object]  # (flag, value); value None for a store_true flag
@@ -473,7 +473,8 @@ def megatron_seed(seed: int) -> int:
 def run_flags(cfg: Config) -> Part:
     """What Megatron needs to start: iterations, batch, eval, seed, data, and the fusion switch."""
     tokens_per_iter = cfg.global_batch_size * cfg.model.seq_length
-    eval_iters = math.ceil(cfg.eval_tokens / tokens_per_iter) if cfg.eval_tokens > 0 else 0
+    budget = eval_budget(cfg)  # what lowp evaluates: eval_tokens, at most the training tokens
+    eval_iters = math.ceil(budget / tokens_per_iter) if budget > 0 else 0
     flags: list[Flag] = [
         ("--train-iters", cfg.steps),
         ("--micro-batch-size", cfg.micro_batch_size),
@@ -499,9 +500,10 @@ def run_flags(cfg: Config) -> Part:
         "backend keeps",
     ]
     if eval_iters * tokens_per_iter != cfg.eval_tokens:
+        capped = f", capped at the run's {budget} training tokens," if budget < cfg.eval_tokens else ""
         notes.append(
-            f"# eval_tokens={cfg.eval_tokens} -> --eval-iters {eval_iters} of {tokens_per_iter} tokens "
-            "(Megatron evaluates whole global batches)"
+            f"# eval_tokens={cfg.eval_tokens}{capped} -> --eval-iters {eval_iters} of {tokens_per_iter} "
+            "tokens (Megatron evaluates whole global batches)"
         )
     data_flags, data_notes = _data_flags(cfg)
     return flags + data_flags, notes + data_notes

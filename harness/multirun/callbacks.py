@@ -23,7 +23,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config.schema import Config
+from harness.config.schema import Config, eval_budget
 
 
 def job_overrides(config: DictConfig) -> list[list[str]]:
@@ -124,7 +124,8 @@ class ValidateSweep(Callback):
         from harness.validation.rules import ConfigError
 
         m = cfg.model
-        key = repr((cfg.data, m.vocab_size, m.seq_length, cfg.micro_batch_size, cfg.eval_tokens))
+        budget = eval_budget(cfg)  # what the trainer evaluates: eval_tokens, at most the training tokens
+        key = repr((cfg.data, m.vocab_size, m.seq_length, cfg.micro_batch_size, budget))
         if key in seen:
             return
         seen.add(key)
@@ -134,7 +135,7 @@ class ValidateSweep(Callback):
                 vocab_size=m.vocab_size,
                 seq_length=m.seq_length,
                 micro_batch_size=cfg.micro_batch_size,
-                eval_tokens=cfg.eval_tokens,
+                eval_tokens=budget,
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc

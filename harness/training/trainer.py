@@ -22,7 +22,7 @@ import torch
 from harness import recipes
 from harness.backends import BackendSpec, build_backend, resolve_backend_name
 from harness.backends.hardware import device_for
-from harness.config.schema import Config, ModelConfig
+from harness.config.schema import Config, ModelConfig, eval_budget
 from harness.data import build_data
 from harness.lifecycle import artifacts as A
 from harness.lifecycle import checkpoint as ckpt
@@ -50,10 +50,10 @@ def checkpoint_interval(cfg: Config) -> int:
     return cfg.checkpoint_interval
 
 
-def eval_tokens(cfg: Config, tokens_per_step: int) -> int:
-    """The eval budget: eval_tokens, at most the tokens the run trains on (a short run's evals do not
-    cost more than its training)."""
-    return min(cfg.eval_tokens, cfg.steps * tokens_per_step)
+def eval_tokens(cfg: Config) -> int:
+    """The eval budget (harness.config.schema.eval_budget: eval_tokens, at most the tokens the run
+    trains on)."""
+    return eval_budget(cfg)
 
 
 def rss_gib() -> float:
@@ -156,7 +156,7 @@ class Trainer:
             cfg.micro_batch_size, seed=cfg.seed, rank=self.dist.rank, world=self.dist.world
         )
         self.micro_batches_seen = 0
-        self.eval_tokens = eval_tokens(cfg, self.tokens_per_step)
+        self.eval_tokens = eval_tokens(cfg)
         self.eval_set = self._eval_set()
         self.metrics = M.MetricsProcessor(
             device=self.device,
