@@ -7,9 +7,10 @@ import logging
 import signal
 import time
 
+from harness.config.schema import eval_budget
 from harness.lifecycle.signals import StopRequest
 from harness.train import run
-from harness.training.trainer import checkpoint_interval, eval_tokens
+from harness.training.trainer import checkpoint_interval
 from tests.helpers import TINY, compose_cfg
 
 SHORT = [*TINY, "backend=emulated", "steps=3", "log_interval=1", "eval_interval=0"]
@@ -42,9 +43,9 @@ def test_three_step_log_and_defaults(tmp_path, caplog):
 
 def test_short_run_defaults():
     cfg = compose_cfg(*TINY, "steps=3")
-    assert checkpoint_interval(cfg) == 10 and eval_tokens(cfg) == 3 * 256
+    assert checkpoint_interval(cfg) == 10 and eval_budget(cfg) == 3 * 256
     cfg = compose_cfg(*TINY, "steps=500", "eval_tokens=4096")
-    assert checkpoint_interval(cfg) == 50 and eval_tokens(cfg) == 4096
+    assert checkpoint_interval(cfg) == 50 and eval_budget(cfg) == 4096
 
 
 def test_wall_time_sums_the_attempts(tmp_path):

@@ -251,13 +251,17 @@ def cancel(sweep_dir: Path, jobs: list[Job], wait_s: float = 120.0) -> int:
 
 
 def resume_command(sweep_dir: Path) -> str:
-    """The command that resumes the sweep: its file by name where it is a named sweep."""
-    from harness.config.paths import SWEEPS_DIR
-
+    """The command that resumes the sweep in `sweep_dir`, from its record (sweep.yaml)."""
     record = D.read_record(sweep_dir) if (sweep_dir / D.RECORD).exists() else {}
-    name, file = record.get("sweep", "NAME"), record.get("file")
-    named = not file or Path(file).absolute() == (SWEEPS_DIR / f"{name}.yaml").absolute()
+    return sweep_resume_command(record.get("sweep", "NAME"), record.get("file"), sweep_dir)
+
+
+def sweep_resume_command(name: str, file: str | None, sweep_dir: Path) -> str:
+    """`lowp-sweep NAME --resume DIR` (harness.lifecycle.resume.console_command's head): the sweep by
+    name where its file is the named sweep's, else by its file's absolute path."""
+    from harness.config.paths import SWEEPS_DIR
     from harness.lifecycle.resume import console_command
 
-    args = [*console_command("lowp-sweep", "harness.sweep"), name if named else file]
+    named = not file or Path(file).absolute() == (SWEEPS_DIR / f"{name}.yaml").absolute()
+    args = [*console_command("lowp-sweep", "harness.sweep"), name if named else str(Path(file).absolute())]
     return shlex.join([*args, "--resume", str(sweep_dir)])

@@ -43,7 +43,6 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.config.paths import SWEEPS_DIR
 from harness.config.schema import Config
 from harness.multirun import control
 from harness.multirun import sweepdir as D
@@ -108,12 +107,7 @@ class Sweep:
 
     def resume_command(self) -> str:
         """The exact command that resumes this sweep (its file by name where it is a named sweep)."""
-        from harness.lifecycle.resume import console_command
-
-        named = self.file.absolute() == (SWEEPS_DIR / f"{self.name}.yaml").absolute()
-        file = self.name if named else str(self.file.absolute())
-        args = [*console_command("lowp-sweep", "harness.sweep"), file]
-        return shlex.join([*args, "--resume", str(self.sweep_dir)])
+        return control.sweep_resume_command(self.name, str(self.file), self.sweep_dir)
 
 
 def given_dir(value: str) -> Path:

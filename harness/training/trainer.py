@@ -50,12 +50,6 @@ def checkpoint_interval(cfg: Config) -> int:
     return cfg.checkpoint_interval
 
 
-def eval_tokens(cfg: Config) -> int:
-    """The eval budget (harness.config.schema.eval_budget: eval_tokens, at most the tokens the run
-    trains on)."""
-    return eval_budget(cfg)
-
-
 def rss_gib() -> float:
     """This process's peak resident set (Linux reports KiB, macOS bytes): a CPU run's memory."""
     import resource
@@ -156,7 +150,7 @@ class Trainer:
             cfg.micro_batch_size, seed=cfg.seed, rank=self.dist.rank, world=self.dist.world
         )
         self.micro_batches_seen = 0
-        self.eval_tokens = eval_tokens(cfg)
+        self.eval_tokens = eval_budget(cfg)
         self.eval_set = self._eval_set()
         self.metrics = M.MetricsProcessor(
             device=self.device,
