@@ -70,6 +70,26 @@ class RecipeConfig:
     instead of TE's split accumulator: fprop (TE's default) or all (dgrad and wgrad too: TE
     Float8CurrentScaling's fp8_gemm_dgrad/fp8_gemm_wgrad = MMParams(use_split_accumulator=False)).
     Changes numerics; tensorwise (Float8CurrentScaling) on backend=te only (Megatron has no flag)."""
+    backward_override: str | None = None
+    """TE 2.20's `backward_override` (every recipe but delayed; NVTE_BACKWARD_OVERRIDE): null = the
+    backward GEMMs on quantized operands; `high_precision` = dgrad and wgrad on the unquantized bf16
+    grad, weight and input; `dequantized` = on the bf16 grad and the dequantized forward copies of the
+    weight and input (docs/numerics.md, "backward_override")."""
+    row_scaled_activation: bool = False
+    """NVFP4: activations (inputs) scaled per row, an fp32 global scale per row instead of per tensor
+    (TE NVFP4BlockScaling.row_scaled_activation; NVTE_NVFP4_ROW_SCALED_ACTIVATION)."""
+    nvfp4_4over6: str = "none"
+    """NVFP4 4over6 adaptive block scaling (TE `nvfp4_4over6`; NVTE_NVFP4_4OVER6): for which tensors each
+    16-block picks between a block max mapped to 6 and one mapped to 4 by the lower error: none, weights,
+    activations or all."""
+    nvfp4_4over6_e4m3_use_256: str = "all"
+    """NVFP4 4over6: which 4over6 tensors use 256 instead of 448 as the global E4M3 scale bound
+    (TE `nvfp4_4over6_e4m3_use_256`): none, weights, activations or all."""
+    nvfp4_4over6_err_mode: str = "MAE"
+    """NVFP4 4over6: the error that picks the candidate, MAE or MSE (TE `nvfp4_4over6_err_mode`)."""
+    enable_2d_quantization: bool = False
+    """MXFP8: weights in 32x32 tiles with one E8M0 scale each, so the rowwise and columnwise copies are
+    the same codes (TE MXFP8BlockScaling.enable_2d_quantization)."""
 
 
 @dataclass
