@@ -65,7 +65,7 @@ _MOE_FIELDS = {  # Megatron's TransformerConfig defaults
     "moe_expert_capacity_factor": None,
     "moe_router_padding_for_quantization": False,
 }
-_TE220 = "TE 2.20 recipe options"  # the commit that added the fields: git log -S backward_override
+_TE220 = "cfaa1cc"
 _PARALLEL = {
     "name": "none",
     "strategy": "none",
