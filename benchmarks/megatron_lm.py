@@ -18,8 +18,9 @@ Without a GPU or TE the child answers Megatron's compute-capability and TE-versi
 exported command's Hopper and TE 2.20.2 would, and builds the TransformerConfig without the fused
 RoPE kernel TE provides (both are in check.json); what needs TE itself stays unchecked.
 
-`pretrain` prints `python -m harness.megatron experiment=h200_1b recipe=R steps=ITERS --format
-sh` for each recipe, runs that command as printed (MEGATRON_LM=DIR, one GPU), then lowp's own
+`pretrain` prints `python -m harness.megatron experiment=EXPERIMENT recipe=R steps=ITERS --format
+sh` for each recipe (EXPERIMENT: h200_1b unless `--experiment`), runs that command as printed
+(MEGATRON_LM=DIR, one GPU), then lowp's own
 `harness.train` at the same config, and writes OUT/pretrain.json with Megatron's step times (its
 "elapsed time per iteration" log, first interval left out as warm-up) beside lowp's
 (summary.json's median steady-state step).
@@ -274,6 +275,7 @@ def check(args) -> dict:
 # ----------------------------------------------------------------------------------------------
 # pretrain: the printed command on the GPU, beside lowp at the same config
 
+_MAX_ALLOCATED = re.compile(r"max allocated: ([0-9.]+)")
 LOG_EVERY = 5  # Megatron logs the mean over each interval; the first one is the warm-up
 _ITER_MS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+)")
 
@@ -283,7 +285,12 @@ def megatron_step_ms(log: str, warm_iters: int) -> dict:
     start after `warm_iters` (warm-up and the first iteration's compile/allocation left out)."""
     rows = [(int(i), float(ms)) for i, ms in _ITER_MS.findall(log)]
     steady = [ms for it, ms in rows if it > warm_iters]
-    return {"intervals": rows, "step_ms": statistics.median(steady) if steady else None}
+    peaks = [float(mb) for mb in _MAX_ALLOCATED.findall(log)]  # report_memory (common_utils.py:323)
+    return {
+        "intervals": rows,
+        "step_ms": statistics.median(steady) if steady else None,
+        "peak_gib": max(peaks) / 1024 if peaks else None,
+    }
 
 
 def _run(cmd, out_log: Path, timeout: int, env=None, shell=False) -> tuple[int, str, float]:
@@ -303,7 +310,7 @@ def _run(cmd, out_log: Path, timeout: int, env=None, shell=False) -> tuple[int, 
 def pretrain(args) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     overrides_of = lambda r: [  # noqa: E731
-        "experiment=h200_1b",
+        f"experiment={args.experiment}",
         f"recipe={r}",
         f"steps={args.iters}",
         f"log_interval={LOG_EVERY}",
@@ -336,15 +343,18 @@ def pretrain(args) -> dict:
             "tail": log[-1500:],
         }
         run_dir = args.out / f"lowp_{recipe}"
-        cmd = [sys.executable, "-m", "harness.train", *overrides_of(recipe), f"hydra.run.dir={run_dir}"]
+        cmd = [sys.executable, "-m", "harness.train", *overrides_of(recipe), *args.lowp_over]
+        cmd += [f"hydra.run.dir={run_dir}"]
         rc, log, wall = _run(cmd, args.out / f"lowp_{recipe}.log", args.timeout)
         summary = run_dir / "summary.json"
         s = json.loads(summary.read_text()) if summary.exists() else {}
         entry["lowp"] = {
             "rc": rc,
             "wall_s": wall,
+            "overrides": args.lowp_over,
             "step_ms": s.get("step_time_ms"),
             "status": s.get("status"),
+            "peak_gib": (s.get("memory") or {}).get("peak_measured_gib"),
         }
         if rc != 0:
             entry["lowp"]["tail"] = log[-1500:]
@@ -366,6 +376,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     t.add_argument("--recipes", default="bf16,tensorwise")
     t.add_argument("--iters", type=int, default=20)
     t.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    t.add_argument("--experiment", default="h200_1b", help="the experiment preset both run")
+    t.add_argument("--lowp-over", nargs="*", default=[], help="overrides of lowp's run only")
     for q in (c, t):
         q.add_argument("--megatron", type=Path, required=True, help="a Megatron-LM source tree")
         q.add_argument("--out", type=Path, required=True)

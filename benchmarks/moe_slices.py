@@ -4,6 +4,7 @@ experiment=h200_<slice> ...`, one process after another, and what each run's sum
 
     python -m benchmarks.moe_slices --out DIR [--slices qwen3_30b_a3b_slice,mixtral_8x7b_slice]
         [--recipes bf16,delayed,tensorwise,blockwise] [--backend te] [--steps 50] [--warmup 5]
+        [--over backend.moe_experts=torch_grouped --tag torch_grouped]
 
 Throughput is the runs' timed steps (after `bench_warmup_steps`); the memory peak is the device
 allocator's maximum (summary.json `memory`). Needs a GPU that holds the slices (experiment=h200_*).
@@ -22,9 +23,9 @@ KEEP = ("status", "steps", "final_train_loss", "tokens_per_s", "step_time_ms", "
 MEMORY = ("params_gib", "grads_gib", "optimizer_states_gib", "static_total_gib", "peak_measured_gib")
 
 
-def one(slice_: str, recipe: str, backend: str, steps: int, warmup: int, run_dir: Path) -> dict:
+def one(slice_: str, recipe: str, backend: str, steps: int, warmup: int, run_dir: Path, over=()) -> dict:
     cmd = [sys.executable, "-m", "harness.train", f"experiment=h200_{slice_}", f"backend={backend}"]
-    cmd += [f"recipe={recipe}", f"steps={steps}", f"bench_warmup_steps={warmup}", "log_interval=10"]
+    cmd += [f"recipe={recipe}", f"steps={steps}", f"bench_warmup_steps={warmup}", "log_interval=10", *over]
     cmd += [f"hydra.run.dir={run_dir}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="te")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--over", nargs="*", default=[], help="more overrides of every run")
+    p.add_argument("--tag", default="", help="appended to the result file's name and each run's key")
     a = p.parse_args(argv)
     import torch
 
@@ -60,12 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         meta["te"] = None
     a.out.mkdir(parents=True, exist_ok=True)
-    path, results = a.out / f"moe_slices_{a.backend}.json", {"_meta": meta}
+    meta["over"] = a.over
+    tag = f"_{a.tag}" if a.tag else ""
+    path, results = a.out / f"moe_slices_{a.backend}{tag}.json", {"_meta": meta}
     for slice_ in a.slices.split(","):
         for recipe in a.recipes.split(","):
-            key = f"{slice_}-{recipe}"
+            key = f"{slice_}-{recipe}{tag}"
             print(f"[moe_slices] {key} ...", flush=True)
-            results[key] = one(slice_, recipe, a.backend, a.steps, a.warmup, a.out / "runs" / key)
+            results[key] = one(slice_, recipe, a.backend, a.steps, a.warmup, a.out / "runs" / key, a.over)
             path.write_text(json.dumps(results, indent=1))
             r = results[key]
             peak = (r.get("memory") or {}).get("peak_measured_gib")
