@@ -19,8 +19,6 @@ parameter's `main_grad`, which TE's wgrad GEMM accumulates into (fuse_wgrad_accu
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.nn as nn
 
@@ -31,35 +29,9 @@ from harness.model.moe import MoE
 BF16 = torch.bfloat16
 
 
-class _TorchGroupedMM(torch.autograd.Function):
-    """y = x W_e^T for each expert's rows on torch._grouped_mm (BF16): fprop, dgrad and wgrad one grouped
-    GEMM each. With fp32 main grads the bf16 wgrad is added to `weight.main_grad` here and no `.grad`
-    is returned (as TE's fused wgrad accumulation leaves it), else it is the weight's grad."""
-
-    @staticmethod
-    def forward(ctx, x, weight, offs):
-        ctx.save_for_backward(x, weight, offs)
-        return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offs)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, offs = ctx.saved_tensors
-        dy = dy.contiguous()
-        dx = torch._grouped_mm(dy, weight, offs=offs) if ctx.needs_input_grad[0] else None
-        dw = None
-        if ctx.needs_input_grad[1]:
-            dw = torch._grouped_mm(dy.t(), x, offs=offs)  # (E, out, in): experts without rows get zeros
-            main_grad = getattr(weight, "main_grad", None)
-            if main_grad is not None:
-                main_grad.add_(dw)
-                dw = None
-        return dx, dw, None
-
-
 class TEGroupedExperts(nn.Module):
     """One expert group: `weight` (num_gemms, out, in) bf16, `forward(x, m_splits)` by TE's
-    GroupedLinear, or with `kernels="torch_grouped"` (BF16 groups only) by torch._grouped_mm;
-    `align_size`: the rows harness.model.moe.Experts pads each expert to first."""
+    GroupedLinear; `align_size`: the rows harness.model.moe.Experts pads each expert to first."""
 
     def __init__(
         self,
@@ -73,18 +45,14 @@ class TEGroupedExperts(nn.Module):
         align_size: int,
         std: float,
         first_microbatch=lambda: None,
-        kernels: str = "te",
     ):
         super().__init__()
-        self.name, self.num_gemms, self.kernels = name, num_gemms, kernels
+        self.name, self.num_gemms = name, num_gemms
         self.in_features, self.out_features = in_features, out_features
         self.align_size, self.first_microbatch = align_size, first_microbatch
         shape = (num_gemms, out_features, in_features)
         self.weight = nn.Parameter(torch.empty(shape, device="cuda", dtype=BF16))
         nn.init.normal_(self.weight, 0.0, std)
-        if kernels == "torch_grouped":
-            self.gemm = None
-            return
         self.gemm = te.GroupedLinear(
             num_gemms,
             in_features,
@@ -99,10 +67,6 @@ class TEGroupedExperts(nn.Module):
             delattr(self.gemm, f"weight{i}")
 
     def forward(self, x: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
-        if self.gemm is None:
-            ends = list(itertools.accumulate(m_splits))
-            offs = torch.tensor(ends, dtype=torch.int32).to(x.device, non_blocking=True)
-            return _TorchGroupedMM.apply(x.to(BF16), self.weight, offs)
         main_grad = getattr(self.weight, "main_grad", None)
         for i, w in enumerate(self.weight.unbind(0)):
             if main_grad is not None:
@@ -112,8 +76,7 @@ class TEGroupedExperts(nn.Module):
 
     def extra_repr(self) -> str:
         pad = f", rows padded to {self.align_size}" if self.align_size else ""
-        kernel = "te.GroupedLinear" if self.gemm is not None else "torch._grouped_mm"
-        return f"{self.num_gemms} x ({self.in_features}, {self.out_features}), {kernel}{pad}"
+        return f"{self.num_gemms} x ({self.in_features}, {self.out_features}), te.GroupedLinear{pad}"
 
 
 class TEMoEMLP(nn.Module):
@@ -145,7 +108,6 @@ class TEExpertOps:
     def grouped_linear(self, name: str, num_gemms: int, in_features: int, out_features: int) -> nn.Module:
         from harness.backends.emulated import expert_alignment
 
-        recipe = self.backend.plan.recipe_for(name)
         return TEGroupedExperts(
             self.backend.te,
             name,
@@ -153,10 +115,9 @@ class TEExpertOps:
             in_features,
             out_features,
             fuse_wgrad=self.fuse_wgrad,
-            align_size=expert_alignment(recipe),
+            align_size=expert_alignment(self.backend.plan.recipe_for(name)),
             std=self._std(name),
             first_microbatch=self.first_microbatch,
-            kernels=expert_kernels(self.backend.spec.options.moe_experts, recipe),
         )
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
@@ -198,9 +159,3 @@ def moe_mlp(te, backend, cfg: ModelConfig, index: int, fuse_wgrad: bool, first_m
             if p is not None:
                 p.data = p.data.to(BF16)
     return TEMoEMLP(te, cfg, moe)
-
-
-def expert_kernels(asked: str, recipe) -> str:
-    """What runs an expert group's GEMMs: backend.moe_experts for a group that computes in BF16
-    (`recipe` None: the plan's BF16), TE's GroupedLinear for one that quantizes."""
-    return asked if recipe is None else "te"

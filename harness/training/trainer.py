@@ -59,10 +59,7 @@ def rss_gib() -> float:
 
 
 def variant(cfg: Config) -> str:
-    """The run's presets beyond its recipe (stability, optimizer), and the expert kernels where they
-    are not TE's GroupedLinear (backend.moe_experts changes how the wgrad is rounded)."""
-    experts = f"+{cfg.backend.moe_experts}_experts" if cfg.backend.moe_experts != "te" else ""
-    return f"{cfg.stability.name}+{cfg.optimizer.name}{experts}"
+    return f"{cfg.stability.name}+{cfg.optimizer.name}"
 
 
 def seed_everything(seed: int) -> None:
