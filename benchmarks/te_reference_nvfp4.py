@@ -188,9 +188,7 @@ def build(te_python: str | None) -> tuple[dict, dict]:
             key = f"{mode_id(mode)}/{name}"
             out = quantize(ref, x, mode)
             cases[key] = {"input": name, "mode": mode, **out}
-            summary.append(
-                {"case": key, **{k: [list(v.shape), sha(v)] for k, v in out.items()}}
-            )
+            summary.append({"case": key, **{k: [list(v.shape), sha(v)] for k, v in out.items()}})
     source = "installed TE" if te_python is None else f"unpacked wheel at {te_python} (base classes stubbed)"
     meta = {
         "te_version": te_version(te_python),
@@ -213,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.save(golden, out / f"{NAME}.pt")
     (out / f"{NAME}.json").write_text(json.dumps(summary, indent=1) + "\n")
     size = (out / f"{NAME}.pt").stat().st_size
-    print(f"{len(golden['cases'])} cases from TE {summary['meta']['te_version']} -> {out}/{NAME}.pt ({size} bytes)")
+    te = summary["meta"]["te_version"]
+    print(f"{len(golden['cases'])} cases from TE {te} -> {out}/{NAME}.pt ({size} bytes)")
     return 0
 
 

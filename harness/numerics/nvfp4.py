@@ -16,7 +16,6 @@ amax; `four_over_six` picks per block between the block scaled to 6 (the normal 
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 
 import torch
@@ -27,7 +26,6 @@ from harness.numerics.qtensor import BlockQuantized, as_2d, block_view, pad2d, r
 from harness.numerics.scaling import amax, amax_nosync, const
 
 BLOCK = 16
-GLOBAL_MAX = 448.0 * 6.0  # E4M3 max x E2M1 max
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)  # TE's get_wgrad_sign_vector
 
 
@@ -91,7 +89,8 @@ class NVFP4Quantized(BlockQuantized):
         GEMM (a row-scaled copy's as a vector over the GEMM output's lines: `_post`)."""
         blocks = block_view(self.elems, *self.block)  # (Mr, br, Kc, bc)
         vals = (blocks * self.sf.float()[:, None, :, None]).view(self.elems.shape)[: self.m, : self.k]
-        return vals.to(torch.bfloat16).reshape(self.shape), _post(self.amax, self.bound, self.per_line, self.columnwise)
+        post = _post(self.amax, self.bound, self.per_line, self.columnwise)
+        return vals.to(torch.bfloat16).reshape(self.shape), post
 
     @property
     def data(self) -> torch.Tensor:
