@@ -201,7 +201,7 @@ def build(te_python: str | None) -> tuple[dict, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.te_reference_nvfp4", description=__doc__)
     ap.add_argument("--out", required=True, help="directory for nvfp4_reference.pt and .json")
     ap.add_argument("--te-python", default=None, help="site dir of an unpacked TE wheel (dev aid)")
     args = ap.parse_args(argv)
