@@ -131,7 +131,7 @@ def _base_classes() -> types.ModuleType:
 def quantize(ref, x: torch.Tensor, mode: dict) -> dict[str, torch.Tensor]:
     """Both copies of x under `mode` with TE's NVFP4QuantizerRef."""
     qz = ref.NVFP4QuantizerRef(
-        dtype=sys.modules["transformer_engine.pytorch.custom_recipes.reference_utils"].Fp4Formats.E2M1,
+        dtype=ref.reference_utils.Fp4Formats.E2M1,
         rowwise=True,
         columnwise=True,
         quant_tile_shape=tuple(mode["tile"]),
