@@ -192,7 +192,7 @@ def build(te_python: str | None) -> tuple[dict, dict]:
     source = "installed TE" if te_python is None else f"unpacked wheel at {te_python} (base classes stubbed)"
     meta = {
         "te_version": te_version(te_python),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "source": source,
         "reference": "transformer_engine/pytorch/custom_recipes/reference_nvfp4.py NVFP4QuantizerRef, CPU",
         "cases": len(cases),

@@ -25,7 +25,7 @@ MAP4_256, MAP6_256, E4M3_448 = 0x7C, 0x78, 0x7E  # E4M3 bytes of 384 (256 x 1.5)
 
 @pytest.fixture(scope="module")
 def golden():
-    return torch.load(GOLDEN, weights_only=False)
+    return torch.load(GOLDEN, weights_only=True)
 
 
 def _modes():

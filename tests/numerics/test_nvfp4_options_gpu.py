@@ -41,7 +41,7 @@ CASES = {
 
 
 def _inputs():
-    golden = torch.load(GOLDEN, weights_only=False)
+    golden = torch.load(GOLDEN, weights_only=True)
     out = list(golden["inputs"].items())
     g = torch.Generator().manual_seed(3)
     for kind, shape in (("outliers", (384, 1024)), ("decades", (512, 256)), ("tiny", (256, 512))):
@@ -50,7 +50,7 @@ def _inputs():
 
 
 def test_cuda_fast_path_gives_te_reference_golden():
-    golden = torch.load(GOLDEN, weights_only=False)
+    golden = torch.load(GOLDEN, weights_only=True)
     failures = []
     for key, c in golden["cases"].items():
         qz = _quantizer(c["mode"])
