@@ -125,7 +125,7 @@ class NVFP4Quantized(BlockQuantized):
 def _post(amax_g: torch.Tensor, bound: float, per_line: bool, columnwise: bool) -> torch.Tensor:
     """The GEMM's post scale amax / (6 x bound). Per line: (M, 1) for a rowwise copy (fprop's output
     rows), (1, K) for a columnwise one (wgrad's output columns), the vectors TE's row-scaled GEMM
-    multiplies its fp32 output by (TE 2.20.2 cpp_extensions/gemm.py:85-110, 349-360)."""
+    multiplies its fp32 output by (TE 2.20.2 cpp_extensions/gemm.py:85-110, 300-360)."""
     post = amax_g.reshape(-1) * const(1.0 / (6.0 * bound), amax_g)
     if not per_line:
         return post
@@ -266,7 +266,7 @@ def _result(q, sf, block, shape, columnwise, amax_g, use_rht, options) -> NVFP4Q
 
 
 def _four_over_six(blocks, block_amax, amax_g, s_enc, s_dec, has_nan, options, columnwise):
-    """4over6 (TE 2.20.2 reference_nvfp4.py:512-615, quantize_4over6_nvfp4.cuh): both candidates'
+    """4over6 (TE 2.20.2 reference_nvfp4.py:524-649, quantize_4over6_nvfp4.cuh): both candidates'
     E2M1 values and E4M3 scales, each block taking map-to-4 where its error is strictly smaller
     (ties keep map-to-6). Returns (values (Mp, Kp), scales (Mr, Kc) E4M3)."""
     base = torch.div(block_amax, const(6.0, block_amax)) * s_enc  # fl32(fl32(amax_b / 6) x S_enc)
@@ -289,7 +289,7 @@ def _block_error(q, sf32, amax_g, x, options, columnwise) -> torch.Tensor:
     """Each block's error in the input's domain: the sum of |d| (MAE) or d*d (MSE) over its
     elements, d = fl32(fl32(fl32(q x sf) x amax) / (6 x bound)) - x, accumulated in fp32 in TE's
     order: along each 16-element line in element order, then for a 16x16 tile over its 16 lines
-    as the kernel's warp reduction does (reference_nvfp4.py:501-510)."""
+    as the kernel's warp reduction does (reference_nvfp4.py:513-521, 608-642)."""
     denom = const(6.0 * options.bound, x)
     val = torch.div((q * sf32[:, None, :, None]) * amax_g[:, None, :, None], denom)
     d = val - x
