@@ -124,7 +124,7 @@ class NVFP4Quantizer(Quantizer):
     columnwise copy); `four_over_six`: per block the better of the scales to 6 and to 4 by
     `err_mode` ("MAE" or "MSE") under the global E4M3 bound `e4m3_max` (448 or 256; 448 unless
     four_over_six, as TE). TE refuses 4over6 with RHT or stochastic rounding, and row scaling with
-    16x16 tiles (quantization.py:1697-1706, reference_nvfp4.py:877-881); so does this."""
+    16x16 tiles (quantization.py:1712-1718, reference_nvfp4.py:875-880); so does this."""
 
     def __init__(
         self,
