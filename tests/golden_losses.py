@@ -42,6 +42,7 @@ CASES: dict[str, list[str]] = {
     "blockwise": ["recipe=blockwise"],
     "mxfp8": ["recipe=mxfp8"],
     "nvfp4": ["recipe=nvfp4"],
+    "nvfp4_4over6": ["recipe=nvfp4", "recipe.nvfp4_4over6=weights"],  # TE 2.20: weights only (no RHT/SR)
     "int4_qat": ["recipe=int4_qat"],
     "nvfp4_mixed": [
         "recipe=nvfp4",

@@ -19,7 +19,7 @@ from harness.numerics.blockwise import quantize_blockwise
 from harness.numerics.formats import FP8Format
 from harness.numerics.int4 import quantize_int4
 from harness.numerics.mxfp8 import quantize_mxfp8
-from harness.numerics.nvfp4 import quantize_nvfp4
+from harness.numerics.nvfp4 import Options, quantize_nvfp4
 from harness.numerics.qtensor import Quantized
 from harness.numerics.scaling import amax, fp8_format_for
 from harness.numerics.tensorwise import current_scale, quantize_per_tensor
@@ -120,9 +120,33 @@ class MXFP8Quantizer(Quantizer):
 
 
 class NVFP4Quantizer(Quantizer):
-    def __init__(self, tile_2d=False, rht=False, stochastic=False, generator=None):
+    """TE's NVFP4Quantizer. `row_scaled`: one global amax per row (per column of x for the
+    columnwise copy); `four_over_six`: per block the better of the scales to 6 and to 4 by
+    `err_mode` ("MAE" or "MSE") under the global E4M3 bound `e4m3_max` (448 or 256; 448 unless
+    four_over_six, as TE). TE refuses 4over6 with RHT or stochastic rounding, and row scaling with
+    16x16 tiles (quantization.py:1712-1718, reference_nvfp4.py:875-880); so does this."""
+
+    def __init__(
+        self,
+        tile_2d=False,
+        rht=False,
+        stochastic=False,
+        generator=None,
+        *,
+        row_scaled: bool = False,
+        four_over_six: bool = False,
+        e4m3_max: float = 448.0,
+        err_mode: str = "MAE",
+    ):
+        if four_over_six and (rht or stochastic):
+            raise ValueError("NVFP4 4over6 does not support RHT or stochastic rounding (as TE)")
+        if row_scaled and tile_2d:
+            raise ValueError("row-scaled NVFP4 supports 1x16 blocks only, not 16x16 tiles (as TE)")
         self.tile_2d, self.rht, self.stochastic, self.generator = tile_2d, rht, stochastic, generator
-        self.shared_copies = tile_2d
+        e4m3_max = float(e4m3_max) if four_over_six else 448.0
+        self.options = Options(row_scaled, four_over_six, e4m3_max, err_mode.upper())
+        # 4over6 sums a 16x16 tile's errors line by line: the columnwise copy's lines are x's columns
+        self.shared_copies = tile_2d and not four_over_six
 
     def quantize(self, x, columnwise=False):
         return quantize_nvfp4(
@@ -133,10 +157,14 @@ class NVFP4Quantizer(Quantizer):
             stochastic=self.stochastic,
             generator=self.generator,
             fused=self.fused,
+            options=self.options,
         )
 
     def __repr__(self):
-        return f"NVFP4({'16x16' if self.tile_2d else '1x16'}, rht={self.rht}, sr={self.stochastic})"
+        o = self.options
+        extra = ", row_scaled=True" if o.row_scaled else ""
+        extra += f", 4over6={o.err_mode}/e4m3_max={o.e4m3_max:g}" if o.four_over_six else ""
+        return f"NVFP4({'16x16' if self.tile_2d else '1x16'}, rht={self.rht}, sr={self.stochastic}{extra})"
 
 
 class Int4Quantizer(Quantizer):
@@ -178,12 +206,28 @@ def _mx(recipe: RecipeConfig, role: str, **_) -> Quantizer:
     return MXFP8Quantizer(fp8_format_for(recipe.fp8, role))
 
 
+def _in_scope(scope: str, role: str) -> bool:
+    """TE's nvfp4_4over6 / nvfp4_4over6_e4m3_use_256 scopes: none, weights, activations, all."""
+    return scope == "all" or scope == ("weights" if role == "weight" else "activations")
+
+
 def _nv(recipe: RecipeConfig, role: str, *, generator=None, **_) -> Quantizer:
+    """TE 2.20.2 quantization.py:1690-1750 (`_make`): 4over6 by scope on weights and activations,
+    never on gradients; the 256 bound by its own scope among those; row scaling on the forward
+    activations (lowp's input role)."""
     fp8_format_for("e4m3", role)  # validates the role
+    if role == "grad":
+        sr = not recipe.disable_stochastic_rounding
+        return NVFP4Quantizer(rht=not recipe.disable_rht, stochastic=sr, generator=generator)
+    four = _in_scope(recipe.nvfp4_4over6, role)
+    opts = dict(
+        four_over_six=four,
+        e4m3_max=256.0 if four and _in_scope(recipe.nvfp4_4over6_e4m3_use_256, role) else 448.0,
+        err_mode=recipe.nvfp4_4over6_err_mode,
+    )
     if role == "weight":
-        return NVFP4Quantizer(tile_2d=not recipe.disable_2d_quantization)
-    sr = role == "grad" and not recipe.disable_stochastic_rounding
-    return NVFP4Quantizer(rht=not recipe.disable_rht, stochastic=sr, generator=generator)
+        return NVFP4Quantizer(tile_2d=not recipe.disable_2d_quantization, **opts)
+    return NVFP4Quantizer(rht=not recipe.disable_rht, row_scaled=recipe.row_scaled_activation, **opts)
 
 
 def _int4(recipe: RecipeConfig, role: str, **_) -> Quantizer:
