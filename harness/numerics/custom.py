@@ -4,6 +4,11 @@
 `obj.dequantize()` gives float32 values in x's shape and orientation (lowp's own quantizers
 have this interface, so any of them can serve as an example). The factory is imported by
 `harness.numerics.quantizers.load_factory`, which validates the path.
+
+TE 2.20.2's hybrid recipes (its custom_recipes/quantizer_factory_zoo.py) ship as factories of this
+kind in `harness.numerics.hybrid`, selected by their TE names alone
+(`recipe.quantizer_factory=mxfp8_fwd_nvfp4_bwd_factory`). A factory's quantizer may also implement
+`quantize_pair(x, rowwise, columnwise)` to make the two copies together (as hybrid's do).
 """
 
 from __future__ import annotations

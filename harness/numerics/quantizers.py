@@ -232,11 +232,16 @@ def make_quantizer(
 
 
 def load_factory(path: str | None) -> Callable:
-    """Import `module:function`; ValueError with the fix when it is missing or malformed."""
+    """Import `module:function`, or a shipped factory by its name (TE's zoo names,
+    harness.numerics.hybrid); ValueError with the fix when it is missing or malformed."""
+    from harness.numerics.hybrid import FACTORIES  # hybrid builds on this module
+
+    if path in FACTORIES:
+        return FACTORIES[path]
     if not path or ":" not in path:
         raise ValueError(
-            f"recipe.quantizer_factory={path!r}: give an import path 'module:function', "
-            "e.g. harness.numerics.custom:tensorwise_factory"
+            f"recipe.quantizer_factory={path!r}: give an import path 'module:function' (e.g. "
+            f"harness.numerics.custom:tensorwise_factory) or a shipped factory: {', '.join(FACTORIES)}"
         )
     module, _, attr = path.partition(":")
     try:
