@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from harness import recipes
 from harness.config.schema import RecipeConfig
 from harness.numerics.formats import E4M3
 from harness.numerics.qtensor import Quantized
@@ -241,28 +242,26 @@ FACTORIES: dict[str, Callable] = {
 }
 """TE's zoo name -> lowp's factory (what `recipe.quantizer_factory=NAME` selects)."""
 
-NATIVE_FORMATS: dict[str, tuple[str, ...]] = {
+NATIVE_RECIPES: dict[str, tuple[str, ...]] = {
     "high_precision_fwd_mxfp8_bwd_factory": ("mxfp8",),
     "mxfp8_fwd_nvfp4_bwd_factory": ("mxfp8", "nvfp4"),
     "nvfp4_1d_weight_factory": ("nvfp4",),
     "mxfp8_fwd_high_precision_bwd_factory": ("mxfp8",),
     "nvfp4_row_scaled_fwd_mxfp8_bwd_factory": ("mxfp8", "nvfp4"),
     "nvfp4_row_scaled_fwd_high_precision_bwd_factory": ("nvfp4",),
-    "nvfp4_linear_fp8_dpa_factory": ("nvfp4", "fp8 attention"),
+    "nvfp4_linear_fp8_dpa_factory": ("nvfp4",),
 }
-"""The low-precision formats each factory's TE quantizers emit (what the GPU must run natively)."""
-FORMAT_CC = {"mxfp8": (10.0, 12.0), "nvfp4": (10.0, None), "fp8 attention": (10.0, None)}
-"""Compute capabilities [from, below) where TE 2.20.2 runs a format natively (quantization.py:160-175:
-MXFP8 and NVFP4 from 10.0, MXFP8 not yet on 12.0+; FP8 attention next to NVFP4 linears: 10.0 as well)."""
+"""The recipe families whose kernels each factory's TE quantizers use (what the GPU must run natively)."""
 
 
 def native_on(name: str, cc: float | None) -> tuple[bool, str]:
-    """Whether TE runs the shipped factory `name` natively at compute capability `cc`, and why not."""
-    for fmt in NATIVE_FORMATS[name]:
-        low, high = FORMAT_CC[fmt]
-        if cc is None or cc < low or (high is not None and cc >= high):
-            span = f">= {low}" + (f" and < {high}" if high else "")
-            return False, f"{name} needs {fmt} kernels (compute capability {span}), not {cc}"
+    """Whether TE runs the shipped factory `name` natively at compute capability `cc` (the registry's
+    min_cc of each family it uses: MXFP8 and NVFP4 from 10.0, TE's check_mxfp8_support and
+    check_nvfp4_support), and why not."""
+    for family in NATIVE_RECIPES[name]:
+        need = recipes.get(family).min_cc
+        if cc is None or (need is not None and cc < need):
+            return False, f"{name} uses {family} kernels: TE needs compute capability >= {need}, not {cc}"
     return True, ""
 
 
