@@ -103,3 +103,19 @@ def test_a_row_scaled_factory_trains(capsys, tmp_path):
     code, err = _train(capsys, tmp_path, "recipe=custom", factory)
     assert code == 0, err
     assert "row_scaled=True" in _numerics(tmp_path)["blocks.0.attn.qkv"]
+
+
+def by_module_factory(role, recipe, module_type="linear"):
+    """A factory that tells TE's module types apart: MXFP8 for dense linears, BF16 for experts."""
+    return H.IdentityQuantizer() if module_type == "grouped_linear" else H.mxfp8()
+
+
+def test_an_moe_layers_experts_are_asked_as_te_asks_a_grouped_linear(capsys, tmp_path):
+    factory = "recipe.quantizer_factory=tests.test_hybrid_runs:by_module_factory"
+    code, err = _train(capsys, tmp_path, "model=qwen3_moe_tiny", "recipe=custom", factory)
+    assert code == 0, err
+    numerics = _numerics(tmp_path)
+    experts = {k: v for k, v in numerics.items() if ".experts." in k}
+    assert experts and all(v.startswith("custom(input=Identity(high precision)") for v in experts.values())
+    dense = {k: v for k, v in numerics.items() if ".experts." not in k}
+    assert dense and all(v.startswith("custom(input=MXFP8(") for v in dense.values())
