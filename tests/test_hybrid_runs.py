@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from harness import recipes
 from harness import train as T
 from harness.multirun import launch as S
 from harness.multirun.spec import build_jobs
@@ -75,8 +76,10 @@ def test_a_sweep_over_the_factories_composes_and_builds_every_job(capsys, tmp_pa
     assert S.main([str(spec), "--dry-run", f"hydra.sweep.dir={tmp_path / 's'}"]) == 0
     out = capsys.readouterr().out
     assert f"{len(jobs)} jobs (0 finished, {len(jobs)} to run, 0 invalid)" in out
+    labels = set()
     for job in arms:  # what each job's emulated Linear builds from its composed config
         recipe = compose_cfg(*job.overrides).recipe
+        labels.add(recipes.label(recipe))
         name = H.short_name(recipe.quantizer_factory)
         assert name in H.FACTORIES
         if not HAS_ROW_SCALED and "row_scaled" in name:
@@ -85,6 +88,7 @@ def test_a_sweep_over_the_factories_composes_and_builds_every_job(capsys, tmp_pa
         assert {r: repr(q) for r, q in built.items()} == {
             r: repr(H.FACTORIES[name](r, recipe)) for r in ("input", "weight", "grad")
         }
+    assert len(labels) == len(arms), f"analysis would merge arms: {labels}"  # arms split by label
 
 
 def test_a_wrong_name_is_one_line_naming_the_shipped_ones(capsys, tmp_path):
