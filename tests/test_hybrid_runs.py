@@ -17,7 +17,8 @@ from tests.helpers import TINY, run_main
 from tests.numerics.test_hybrid import HAS_ROW_SCALED
 
 RUN = [*TINY, "backend=emulated", "hardware=cpu", "steps=1", "eval_interval=0", "log_interval=1"]
-RUN += ["eval_tokens=256", "checkpoint_interval=-1"]
+RUN += ["eval_tokens=256", "checkpoint_interval=-1", "data.num_tokens=20000", "micro_batch_size=2"]
+RUN += ["global_batch_size=2"]
 
 
 def _train(capsys, run_dir, *args):
