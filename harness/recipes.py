@@ -305,7 +305,7 @@ FIELD_LABELS: dict[str, dict[Any, str]] = {
     "disable_2d_quantization": {True: "1D weight blocks", False: "2D weight blocks"},
     "power_2_scales": {True: "power-of-2 scales", False: "fp32 scales"},
 }
-_UNLABELLED = ("name", "quantizer_factory")
+_UNLABELLED = ("name",)  # a custom recipe is told apart by its quantizer_factory
 
 
 _CURRENT, _BLOCK = "Float8CurrentScaling", "Float8BlockScaling"

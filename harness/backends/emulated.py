@@ -26,6 +26,7 @@ from harness.backends.hooks import make_hook
 from harness.config.schema import ModelConfig
 from harness.model.gpt import GPT, MLP, Block, LayerNorm, bf16_values, norm
 from harness.numerics import NumericsContext, QuantizedLinear, fast
+from harness.numerics.custom import module_quantizers
 from harness.numerics.formats import E4M3, cast_fp8
 from harness.numerics.te_layernorm import FMA_SITES, kernel_layout, te_layer_norm, te_rsigma
 
@@ -406,6 +407,8 @@ class EmulatedBackend(Backend):
                 fast_gemm=self.fast_paths,
                 **({} if expert else fused_casts(name, recipe.name, self.spec.model.activation)),
             )
+            if expert and spec.needs_factory:  # TE's GroupedLinear asks the factory as "grouped_linear"
+                quant.quantizers = module_quantizers(recipe, "grouped_linear") or quant.quantizers
         self.modules[name] = quant
         return quant
 

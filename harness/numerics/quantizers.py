@@ -275,12 +275,19 @@ def make_quantizer(
     return SCHEMES[scheme](recipe, role, scale=scale, record=record, generator=generator)
 
 
+SHIPPED_FACTORIES = "harness.numerics.hybrid"  # TE's zoo factories, selected by their names alone
+
+
 def load_factory(path: str | None) -> Callable:
-    """Import `module:function`; ValueError with the fix when it is missing or malformed."""
+    """Import `module:function`, or a shipped factory by its name (TE's zoo names,
+    harness.numerics.hybrid); ValueError with the fix when it is missing or malformed."""
+    shipped = importlib.import_module(SHIPPED_FACTORIES).FACTORIES  # by path, as any factory's module
+    if path in shipped:
+        return shipped[path]
     if not path or ":" not in path:
         raise ValueError(
-            f"recipe.quantizer_factory={path!r}: give an import path 'module:function', "
-            "e.g. harness.numerics.custom:tensorwise_factory"
+            f"recipe.quantizer_factory={path!r}: give an import path 'module:function' (e.g. "
+            f"harness.numerics.custom:tensorwise_factory) or a shipped factory: {', '.join(shipped)}"
         )
     module, _, attr = path.partition(":")
     try:
