@@ -10,6 +10,7 @@ from harness import recipes
 from harness.backends import te_env
 from harness.backends.capability import te_blocker
 from harness.config.errors import ConfigError
+from harness.numerics import resolve_recipe
 from harness.validation.load import load
 from tests.helpers import run_main
 
@@ -24,58 +25,63 @@ def error_of(*overrides: str) -> str:
     return msg
 
 
+def recipe_errors(name: str, **fields) -> list[str]:
+    """The recipe rules alone (no Hydra compose): the run's recipe and an override's go through them."""
+    from harness.validation.legality import NAMES, _recipe_errors, _unknown
+
+    r = resolve_recipe(name, **fields)
+    errs = [
+        _unknown(k, getattr(r, k[7:]), v)
+        for k, v in NAMES.items()
+        if k[7:] in fields and getattr(r, k[7:]) not in v
+    ]
+    return errs or _recipe_errors(r)
+
+
 @pytest.mark.parametrize(
-    ("overrides", "words"),
+    ("name", "fields", "words"),
     [
         (
-            ["recipe=delayed", "recipe.backward_override=high_precision"],
-            "only supports backward_override=None",
-        ),
-        (
-            ["recipe=bf16", "recipe.backward_override=dequantized"],
+            "bf16",
+            {"backward_override": "dequantized"},
             "recipe.backward_override=dequantized with recipe=bf16",
         ),
-        (
-            ["recipe=int4_qat", "recipe.backward_override=dequantized"],
-            "TE 2.20 has backward_override only on",
-        ),
-        (["recipe=tensorwise", "recipe.row_scaled_activation=true"], "row_scaled_activation only on nvfp4"),
-        (["recipe=mxfp8", "recipe.nvfp4_4over6=weights"], "recipe.nvfp4_4over6=weights with recipe=mxfp8"),
-        (["recipe=blockwise", "recipe.nvfp4_4over6_err_mode=MSE"], "nvfp4_4over6_err_mode only on nvfp4"),
-        (["recipe=nvfp4", "recipe.enable_2d_quantization=true"], "enable_2d_quantization only on mxfp8"),
-        (["recipe=tensorwise", "recipe.backward_override=fast"], "recipe.backward_override=fast: unknown"),
-        (["recipe=nvfp4", "recipe.nvfp4_4over6=some"], "recipe.nvfp4_4over6=some: unknown"),
-        (["recipe=nvfp4", "recipe.nvfp4_4over6_e4m3_use_256=x"], "nvfp4_4over6_e4m3_use_256=x: unknown"),
-        (["recipe=nvfp4", "recipe.nvfp4_4over6_err_mode=mae"], "choose one of ['MAE', 'MSE']"),
-        (
-            ["recipe=nvfp4", "recipe.nvfp4_4over6=all"],
-            "with the random Hadamard transform",
-        ),
-        (["recipe=nvfp4", "recipe.nvfp4_4over6=activations"], "recipe.disable_rht=true"),
-        (
-            ["recipe=tensorwise", "recipe.backward_override=dequantized", "stability.fp8_wgrad=false"],
-            "stability.fp8_wgrad=false with recipe.backward_override=dequantized",
-        ),
+        ("int4_qat", {"backward_override": "dequantized"}, "TE 2.20 has backward_override only on"),
+        ("tensorwise", {"row_scaled_activation": True}, "row_scaled_activation only on nvfp4"),
+        ("mxfp8", {"nvfp4_4over6": "weights"}, "recipe.nvfp4_4over6=weights with recipe=mxfp8"),
+        ("blockwise", {"nvfp4_4over6_err_mode": "MSE"}, "nvfp4_4over6_err_mode only on nvfp4"),
+        ("nvfp4", {"enable_2d_quantization": True}, "enable_2d_quantization only on mxfp8"),
+        ("tensorwise", {"backward_override": "fast"}, "recipe.backward_override=fast: unknown"),
+        ("nvfp4", {"nvfp4_4over6": "some"}, "recipe.nvfp4_4over6=some: unknown"),
+        ("nvfp4", {"nvfp4_4over6_e4m3_use_256": "x"}, "nvfp4_4over6_e4m3_use_256=x: unknown"),
+        ("nvfp4", {"nvfp4_4over6_err_mode": "mae"}, "choose one of ['MAE', 'MSE']"),
+        ("nvfp4", {"nvfp4_4over6": "all"}, "with the random Hadamard transform"),
+        ("nvfp4", {"nvfp4_4over6": "activations"}, "recipe.disable_rht=true"),
     ],
 )
-def test_refused_in_one_line(overrides, words):
-    assert words in error_of(*overrides)
+def test_refused_in_one_line(name, fields, words):
+    errs = recipe_errors(name, **fields)
+    assert len(errs) == 1 and words in errs[0] and "\n" not in errs[0], errs
+
+
+def test_refused_through_load():
+    assert "only supports backward_override=None" in error_of(
+        "recipe=delayed", "recipe.backward_override=high_precision"
+    )
+    msg = error_of("recipe=tensorwise", "recipe.backward_override=dequantized", "stability.fp8_wgrad=false")
+    assert "stability.fp8_wgrad=false with recipe.backward_override=dequantized" in msg
 
 
 def test_accepted_where_te_has_them():
-    for ov in (
-        ["recipe=tensorwise", "recipe.backward_override=dequantized"],
-        ["recipe=blockwise", "recipe.backward_override=high_precision", "stability.fp8_wgrad=false"],
-        ["recipe=mxfp8", "recipe.enable_2d_quantization=true", "recipe.backward_override=high_precision"],
-        ["recipe=nvfp4", "recipe.nvfp4_4over6=weights", "recipe.row_scaled_activation=true"],
-        [
-            "recipe=nvfp4",
-            "recipe.nvfp4_4over6=all",
-            "recipe.disable_rht=true",
-            "recipe.nvfp4_4over6_err_mode=MSE",
-        ],
+    for name, fields in (
+        ("tensorwise", {"backward_override": "dequantized"}),
+        ("blockwise", {"backward_override": "high_precision"}),
+        ("mxfp8", {"enable_2d_quantization": True, "backward_override": "high_precision"}),
+        ("nvfp4", {"nvfp4_4over6": "weights", "row_scaled_activation": True}),
+        ("nvfp4", {"nvfp4_4over6": "all", "disable_rht": True, "nvfp4_4over6_err_mode": "MSE"}),
     ):
-        load([*CPU, *ov], for_export=True)
+        assert recipe_errors(name, **fields) == []
+    load([*CPU, "recipe=blockwise", "recipe.backward_override=high_precision", "stability.fp8_wgrad=false"])
 
 
 def test_stability_overrides_fields_are_validated_the_same_way():
@@ -134,18 +140,25 @@ def test_entry_point_exits_2_with_one_error_line(capsys, tmp_path):
 )
 def test_nvte_variables_set_from_config_refused_if_different(monkeypatch, var, have, overrides, ok):
     monkeypatch.setenv(var, have)
-    cfg = load([*CPU, *overrides], for_export=True) if ok else None
-    if not ok:
-        errs = te_env.conflicts(recipes_cfg(overrides))
-        assert len(errs) == 1 and errs[0].startswith(f"environment {var}={have} contradicts the config")
+    errs = te_env.conflicts(recipes_cfg(overrides))
+    if ok:
+        assert errs == []
     else:
-        assert te_env.conflicts(cfg.recipe) == []
+        assert len(errs) == 1 and errs[0].startswith(f"environment {var}={have} contradicts the config")
+
+
+def test_nvte_conflict_is_an_error_line_on_te(monkeypatch):
+    monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "high_precision")
+    with pytest.raises(ConfigError, match="environment NVTE_BACKWARD_OVERRIDE=high_precision contradicts"):
+        load(["model=mixtral_tiny", "hardware=h100", "backend=te", "recipe=tensorwise"], for_export=True)
 
 
 def recipes_cfg(overrides):
-    from tests.helpers import compose_cfg
-
-    return compose_cfg(*CPU, *overrides).recipe
+    """The recipe of `recipe=NAME recipe.FIELD=VALUE ...` overrides, without Hydra."""
+    name = overrides[0].removeprefix("recipe=")
+    fields = dict(o.removeprefix("recipe.").split("=") for o in overrides[1:])
+    typed = {k: {"true": True, "false": False}.get(v, v) for k, v in fields.items()}
+    return resolve_recipe(name, **typed)
 
 
 def test_set_nvte_env_sets_strings_and_unsets_its_own_null(monkeypatch):

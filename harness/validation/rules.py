@@ -50,7 +50,7 @@ def recommendations(cfg: Config) -> list[str]:
         )
     out += option_warnings(r, m, cfg.backend, uses_te(cfg)) + moe_warnings(cfg)
     blocked = te_blocker(r, s, m)
-    if cfg.backend.name == "auto" and blocked is not None:
+    if cfg.backend.name == "auto" and cfg.hardware.name != "cpu" and blocked is not None:
         out.append(f"backend=auto runs the emulated backend: {blocked}")
     if not s.fp8_wgrad and uses_te(cfg):
         out.append(
