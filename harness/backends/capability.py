@@ -71,8 +71,9 @@ def te_blocker(recipe: RecipeConfig, stability: StabilityConfig, model: ModelCon
     run's, or a stability override's) with dense MLP blocks."""
     asked = [te_backward_override(recipe, stability)]
     asked += [te_backward_override(ov.resolved, stability) for ov in stability.overrides if ov.resolved]
-    dense = 0 in moe_layer_pattern(model)
-    if dense and any(asked):
+    if not any(asked) or (isinstance(model.moe_layer_freq, int) and model.moe_layer_freq < 1):
+        return None  # nothing asked, or a layer pattern validation refuses by itself
+    if 0 in moe_layer_pattern(model):
         return f"backward_override={next(a for a in asked if a)}: {LAYERNORM_MLP_OVERRIDE}"
     return None
 
