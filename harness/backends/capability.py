@@ -94,11 +94,8 @@ def runs_on_te(backend: str, recipe: str, hardware: str, te_blocked: str | None 
     return backend == "te"
 
 
-def auto_reason(backend: str, recipe: str, te_blocked: str | None) -> str | None:
-    """Why backend=auto runs the emulator (None: it runs TE, or the backend was named)."""
-    if backend != "auto":
-        return None
-    ok, why = te_recipe_available(recipe)
-    if not ok:
-        return f"TE cannot run recipe={recipe} here ({why or 'not available'})"
-    return te_blocked
+def auto_note(backend: str, hardware: str, te_blocked: str | None) -> str | None:
+    """The warning of backend=auto on a GPU preset when te_blocker's answer sends it to the emulator."""
+    if backend == "auto" and hardware != "cpu" and te_blocked is not None:
+        return f"backend=auto runs the emulated backend: {te_blocked}"
+    return None
