@@ -8,8 +8,8 @@ outliers, under Float8CurrentScaling (tensorwise) and Float8BlockScaling (blockw
 backward_override None, high_precision and dequantized. TE's module-level `general_gemm`, which the
 forward and both backward GEMMs call, is wrapped for the run: for every call it records the layout
 (TN fprop, NN dgrad, NT wgrad), the output's dtype and shape, and per operand either its quantized
-storage (class, codes as uint8, scale inverses as float32, `.dequantize()` in bf16 where exact, else
-float32) or its plain values.
+storage (class, codes as uint8, scale inverses as float32, and for the backward GEMMs `.dequantize()`,
+in bf16 where exact, else float32) or its plain values.
 
 Writes `te_backward_override_tensorwise.pt` and `te_backward_override_blockwise.pt` (CPU tensors:
 inputs x, w, b, dy (and the norm's weight and bias), TE's y, dx, dw, db and the GEMM calls, per
@@ -68,8 +68,9 @@ def make_recipe(name: str, override):
     return R.Float8BlockScaling(fp8_format=R.Format.E4M3, backward_override=override)
 
 
-def snapshot(t) -> dict:
-    """One GEMM operand as CPU tensors: quantized storage (codes, scales, dequantized) or plain values."""
+def snapshot(t, dequantized: bool = True) -> dict:
+    """One GEMM operand as CPU tensors: quantized storage (codes, scales, and with `dequantized` its
+    `.dequantize()`) or plain values."""
     import torch
     from transformer_engine.pytorch.quantized_tensor import QuantizedTensor, QuantizedTensorStorage
 
@@ -90,7 +91,8 @@ def snapshot(t) -> dict:
             if hasattr(t, attr):
                 rec[attr] = str(getattr(t, attr))
         try:
-            rec["dequantized"] = _compact(t.dequantize().detach().float().cpu())
+            if dequantized:
+                rec["dequantized"] = _compact(t.dequantize().detach().float().cpu())
         except Exception as e:  # a storage holding only one usage may refuse; keep the codes
             rec["dequantize_error"] = f"{type(e).__name__}: {e}"
         return rec
@@ -113,7 +115,7 @@ class GemmRecorder:
     def __init__(self):
         self.calls: list[dict] = []
         self._saved: list[tuple] = []
-        self._seen: dict[int, tuple] = {}  # id -> (object, snapshot): one copy of an operand used twice
+        self._seen: dict[int, tuple] = {}  # id -> (object, its copies, snapshot): an operand used twice
 
     def __enter__(self):
         import importlib
@@ -130,13 +132,13 @@ class GemmRecorder:
             mod.general_gemm = original
         self._saved.clear()
 
-    def _snapshot(self, t) -> dict:
+    def _snapshot(self, t, dequantized: bool) -> dict:
         """snapshot(t), shared with an earlier call on the same object holding the same copies."""
         present = tuple(a for a in CODE_ATTRS if getattr(t, a, None) is not None)
         seen = self._seen.get(id(t))
         if seen is not None and seen[0] is t and seen[1] == present:
             return seen[2]
-        snap = snapshot(t)
+        snap = snapshot(t, dequantized)
         self._seen[id(t)] = (t, present, snap)
         return snap
 
@@ -154,7 +156,8 @@ class GemmRecorder:
                 "positional_args": len(args),
             }
             try:
-                rec["A"], rec["B"] = self._snapshot(A), self._snapshot(B)
+                deq = rec["layout"] != "TN"  # the backward GEMMs' operands (keeps the files small)
+                rec["A"], rec["B"] = self._snapshot(A, deq), self._snapshot(B, deq)
             except Exception as e:
                 rec["snapshot_error"] = f"{type(e).__name__}: {e}"
             result = original(A, B, *args, **kwargs)
