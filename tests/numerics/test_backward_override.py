@@ -134,7 +134,8 @@ def _gemm_close(ours: torch.Tensor, te: torch.Tensor, a: torch.Tensor, b: torch.
     cuBLAS's epilogue), each rounded to bf16: apart by at most one bf16 ulp of either result plus
     fp32 accumulation's bound k * 2^-23 * (|a| @ |b|)."""
     ours, te = ours.float().reshape(te.shape), te.float()
-    bound = torch.maximum(ours.abs(), te.abs()) * 2.0**-7 + a.shape[-1] * 2.0**-23 * (a.abs() @ b.abs())
+    acc = (a.shape[-1] * 2.0**-23 * (a.abs() @ b.abs())).reshape(te.shape)
+    bound = torch.maximum(ours.abs(), te.abs()) * 2.0**-7 + acc
     assert torch.all((ours - te).abs() <= bound), (ours - te).abs().max()
 
 
