@@ -562,7 +562,8 @@ VERIFICATION: dict[tuple[str, str | None], str] = {
 """(field, TE recipe class) -> status where a kernel check exists or is under way; every other
 TE 2.20 option in use is KERNEL_UNVERIFIED (Hopper runs no MXFP8/NVFP4 kernel)."""
 HYBRID_FACTORIES = "harness.numerics.hybrid"
-"""The module of lowp's hybrid forward/backward factories (recipe=custom): reference-exact only."""
+"""The module of lowp's hybrid forward/backward factories (recipe=custom, named by a short name with no
+`module:` part, or by their path): reference-exact only."""
 
 
 def verification(recipe: RecipeConfig, stability: StabilityConfig | None = None) -> dict[str, str]:
@@ -585,6 +586,6 @@ def _verification(recipe: RecipeConfig) -> dict[str, str]:
             continue  # read only with 4over6 on
         out[f"recipe.{name}={value}"] = VERIFICATION.get((name, spec.te_recipe_class), KERNEL_UNVERIFIED)
     factory = recipe.quantizer_factory or ""
-    if spec.needs_factory and factory.startswith(HYBRID_FACTORIES):
+    if spec.needs_factory and factory and (":" not in factory or factory.startswith(HYBRID_FACTORIES)):
         out[f"recipe.quantizer_factory={factory}"] = KERNEL_UNVERIFIED
     return out

@@ -220,3 +220,9 @@ def test_labels_and_verification():
         ]
     }
     assert recipes.verification(recipes_cfg(["recipe=tensorwise"])) == {}
+    hybrid = resolve_recipe("custom", quantizer_factory="mxfp8_fwd_nvfp4_bwd_factory")  # a shipped name
+    assert recipes.verification(hybrid) == {
+        "recipe.quantizer_factory=mxfp8_fwd_nvfp4_bwd_factory": recipes.KERNEL_UNVERIFIED
+    }
+    user = resolve_recipe("custom", quantizer_factory="harness.numerics.custom:tensorwise_factory")
+    assert recipes.verification(user) == {}
