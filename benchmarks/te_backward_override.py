@@ -27,7 +27,7 @@ import sys
 import traceback
 from pathlib import Path
 
-M, K, N = 128, 128, 128  # tokens, in_features, out_features: one 128 block/tile for blockwise
+M, K, N = 128, 128, 64  # tokens, in_features, out_features (the shapes of the stored capture)
 RECIPES = ("tensorwise", "blockwise")
 OVERRIDES = (None, "high_precision", "dequantized")
 MODULES = ("linear", "layernorm_linear")

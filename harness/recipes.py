@@ -551,15 +551,14 @@ def legacy_in(overrides: list[str]) -> str | None:
 # --- how far each TE 2.20 option is verified (run.json `verification`, docs/numerics.md) ----------------
 
 KERNEL_UNVERIFIED = "reference-exact, kernel-unverified (needs Blackwell)"
-H200_PENDING = (
-    "reference-exact; kernel check on H200 pending (python -m benchmarks.te_backward_override, "
-    "tests/numerics/test_backward_override.py)"
-)
+H200_VERIFIED = "kernel-verified on H200 (TE 2.20.2)"
+"""tests/numerics/test_backward_override.py against `python -m benchmarks.te_backward_override`'s
+capture (tests/assets/te_backward_override/)."""
 VERIFICATION: dict[tuple[str, str | None], str] = {
-    ("backward_override", "Float8CurrentScaling"): H200_PENDING,
-    ("backward_override", "Float8BlockScaling"): H200_PENDING,
+    ("backward_override", "Float8CurrentScaling"): H200_VERIFIED,
+    ("backward_override", "Float8BlockScaling"): H200_VERIFIED,
 }
-"""(field, TE recipe class) -> status where a kernel check exists or is under way; every other
+"""(field, TE recipe class) -> status where a kernel check exists; every other
 TE 2.20 option in use is KERNEL_UNVERIFIED (Hopper runs no MXFP8/NVFP4 kernel)."""
 HYBRID_FACTORIES = "harness.numerics.hybrid"
 """The module of lowp's hybrid forward/backward factories (recipe=custom, named by a short name with no
