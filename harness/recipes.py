@@ -18,19 +18,44 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.config.schema import RecipeConfig
+from harness.config.schema import RecipeConfig, StabilityConfig
 
 
 @dataclass(frozen=True)
 class NvteVar:
-    """An `NVTE_*` variable TE reads at import: "1" when `getattr(recipe, field) == on_when`."""
+    """An `NVTE_*` variable TE reads at import as a recipe field's default.
+
+    A switch ("1" when `getattr(recipe, field) == on_when`, else "0"), or with `text` the field's
+    value itself (None: the variable must stay unset, since TE would read any string it holds, ""
+    included: `os.getenv("NVTE_BACKWARD_OVERRIDE", None)` in common/recipe/__init__.py). `upper`: TE
+    upper-cases what it reads (NVTE_NVFP4_4OVER6_ERR_MODE), so "mse" in the environment means MSE.
+    `te_default`: the value TE assumes when the variable is unset."""
 
     var: str
     field: str
     on_when: bool = True
+    text: bool = False
+    upper: bool = False
+    te_default: str | None = "0"
 
-    def value(self, recipe: RecipeConfig) -> str:
+    def value(self, recipe: RecipeConfig) -> str | None:
+        if self.text:
+            v = getattr(recipe, self.field)
+            return None if v is None else str(v)
         return "1" if bool(getattr(recipe, self.field)) == self.on_when else "0"
+
+    def same(self, have: str, want: str | None) -> bool:
+        """Whether an environment value `have` asks TE for what `want` asks."""
+        return want is not None and (have.upper() == want.upper() if self.upper else have == want)
+
+
+BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
+"""recipe.backward_override's values (TE common/recipe/__init__.py `_BACKWARD_OVERRIDES`)."""
+NVFP4_4OVER6_SCOPES = ("none", "weights", "activations", "all")
+"""recipe.nvfp4_4over6 and nvfp4_4over6_e4m3_use_256 (TE `_NVFP4_4OVER6_SCOPES`)."""
+NVFP4_4OVER6_ERR_MODES = ("MAE", "MSE")
+"""recipe.nvfp4_4over6_err_mode (TE `_NVFP4_4OVER6_ERR_MODES`; TE's field takes them upper-case)."""
+_BACKWARD_VAR = NvteVar("NVTE_BACKWARD_OVERRIDE", "backward_override", text=True, te_default=None)
 
 
 @dataclass(frozen=True)
@@ -107,8 +132,16 @@ class RecipeSpec:
         return dataclasses.replace(RecipeConfig(), name=self.name, **self.defaults)
 
     def nvte_env(self, recipe: RecipeConfig) -> dict[str, str]:
-        """The `NVTE_*` values this recipe's fields ask for."""
-        return {v.var: v.value(recipe) for v in self.nvte_vars}
+        """The `NVTE_*` values this recipe's fields ask for (those that must stay unset: nvte_unset)."""
+        return {v.var: value for v in self.nvte_vars if (value := v.value(recipe)) is not None}
+
+    def nvte_unset(self, recipe: RecipeConfig) -> tuple[str, ...]:
+        """The `NVTE_*` variables this recipe's fields ask TE not to see (a null text field)."""
+        return tuple(v.var for v in self.nvte_vars if v.value(recipe) is None)
+
+    def nvte_changed(self, recipe: RecipeConfig) -> dict[str, str]:
+        """The `NVTE_*` values that differ from what TE assumes unset (what a launcher must export)."""
+        return {v.var: value for v in self.nvte_vars if (value := v.value(recipe)) != v.te_default and value}
 
 
 # Where TE 2.20.2's TransformerLayer casts an operand to FP8 inside the kernel that computes it, from
@@ -137,6 +170,7 @@ _SPECS = (
         margin_applies=True,
         te_check="is_fp8_available",
         te_recipe_class="DelayedScaling",
+        nvte_vars=(_BACKWARD_VAR,),  # TE's DelayedScaling reads it too, and asserts it is unset
         min_cc=8.9,
         fused_casts={"input": ("qkv", "fc1", "fc2"), "grad": ("fc1",)},
         first_last_bf16_ok=False,
@@ -151,7 +185,7 @@ _SPECS = (
         scheme="current",
         te_check="is_fp8_available",
         te_recipe_class="Float8CurrentScaling",
-        nvte_vars=(NvteVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "power_2_scales"),),
+        nvte_vars=(NvteVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "power_2_scales"), _BACKWARD_VAR),
         min_cc=8.9,
         cpu_offload_ok=False,
         megatron=MegatronFlags(fp8_recipe="tensorwise"),
@@ -164,7 +198,10 @@ _SPECS = (
         scheme="block",
         te_check="is_fp8_block_scaling_available",
         te_recipe_class="Float8BlockScaling",
-        nvte_vars=(NvteVar("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "power_2_scales", on_when=False),),
+        nvte_vars=(
+            NvteVar("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "power_2_scales", on_when=False),
+            _BACKWARD_VAR,
+        ),
         min_cc=9.0,
         cpu_offload_ok=False,
         megatron=MegatronFlags(fp8_recipe="blockwise"),
@@ -184,6 +221,7 @@ _SPECS = (
         scheme="mx",
         te_check="is_mxfp8_available",
         te_recipe_class="MXFP8BlockScaling",
+        nvte_vars=(_BACKWARD_VAR,),
         gemm_multiple=32,
         recommends_grad_buf_reuse=True,
         min_cc=10.0,
@@ -207,6 +245,15 @@ _SPECS = (
             NvteVar("NVTE_NVFP4_DISABLE_RHT", "disable_rht"),
             NvteVar("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "disable_stochastic_rounding"),
             NvteVar("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "disable_2d_quantization"),
+            NvteVar("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "row_scaled_activation"),
+            NvteVar("NVTE_NVFP4_4OVER6", "nvfp4_4over6", text=True, te_default="none"),
+            NvteVar(
+                "NVTE_NVFP4_4OVER6_E4M3_USE_256", "nvfp4_4over6_e4m3_use_256", text=True, te_default="all"
+            ),
+            NvteVar(
+                "NVTE_NVFP4_4OVER6_ERR_MODE", "nvfp4_4over6_err_mode", text=True, upper=True, te_default="MAE"
+            ),
+            _BACKWARD_VAR,
         ),
         gemm_multiple=16,
         min_te="2.7.0",
@@ -243,6 +290,7 @@ _SPECS = (
         scheme="factory",
         margin_applies=True,
         te_recipe_class="CustomRecipe",
+        nvte_vars=(_BACKWARD_VAR,),
         needs_factory=True,
         megatron=MegatronFlags(fp8_recipe="custom", fp4_recipe="custom", quantizer_factory=True),
         defaults={"fp8": "e4m3", "quantizer_factory": None},
@@ -304,11 +352,15 @@ FIELD_LABELS: dict[str, dict[Any, str]] = {
     "disable_stochastic_rounding": {True: "no stochastic rounding", False: "stochastic rounding"},
     "disable_2d_quantization": {True: "1D weight blocks", False: "2D weight blocks"},
     "power_2_scales": {True: "power-of-2 scales", False: "fp32 scales"},
+    "backward_override": {"high_precision": "high-precision backward", "dequantized": "dequantized backward"},
+    "row_scaled_activation": {True: "row-scaled activations"},
+    "nvfp4_4over6": {"weights": "4over6 weights", "activations": "4over6 activations", "all": "4over6"},
+    "enable_2d_quantization": {True: "2D weight tiles"},
 }
 _UNLABELLED = ("name",)  # a custom recipe is told apart by its quantizer_factory
 
 
-_CURRENT, _BLOCK = "Float8CurrentScaling", "Float8BlockScaling"
+_CURRENT, _BLOCK, _NVFP4 = "Float8CurrentScaling", "Float8BlockScaling", "NVFP4BlockScaling"
 FIELD_SCOPE: dict[str, Any] = {
     "fp8": lambda s: s.fp8_family or s.needs_factory,
     "fp4": lambda s: s.fp4_family or s.needs_factory,
@@ -327,9 +379,25 @@ FIELD_SCOPE: dict[str, Any] = {
     "fp8_dpa": lambda s: s.fp8_family,
     "fp8_mha": lambda s: s.fp8_family,
     "fp8_fast_accumulation": lambda s: s.te_recipe_class == _CURRENT,
+    # TE 2.20's fields (common/recipe/__init__.py): which recipe classes take them
+    "backward_override": lambda s: s.te_recipe_class not in (None, "DelayedScaling"),
+    "row_scaled_activation": lambda s: s.te_recipe_class == _NVFP4,
+    "nvfp4_4over6": lambda s: s.te_recipe_class == _NVFP4,
+    "nvfp4_4over6_e4m3_use_256": lambda s: s.te_recipe_class == _NVFP4,
+    "nvfp4_4over6_err_mode": lambda s: s.te_recipe_class == _NVFP4,
+    "enable_2d_quantization": lambda s: s.te_recipe_class == "MXFP8BlockScaling",
 }
 """Which families read a field (a field not listed: every family). A field another family reads does
-not name a run: a sweep that sets `recipe.int4_group_size` for every arm leaves nvfp4's label alone."""
+not name a run: a sweep that sets `recipe.int4_group_size` for every arm leaves nvfp4's label alone.
+Validation refuses TE 2.20's fields (TE20_FIELDS) set away from their default on a family without them."""
+TE20_FIELDS = (
+    "backward_override",
+    "row_scaled_activation",
+    "nvfp4_4over6",
+    "nvfp4_4over6_e4m3_use_256",
+    "nvfp4_4over6_err_mode",
+    "enable_2d_quantization",
+)
 
 
 def changed_fields(recipe: RecipeConfig) -> dict[str, Any]:
@@ -478,3 +546,45 @@ def legacy_in(overrides: list[str]) -> str | None:
             if name in LEGACY:
                 return legacy_message(name)
     return None
+
+
+# --- how far each TE 2.20 option is verified (run.json `verification`, docs/numerics.md) ----------------
+
+KERNEL_UNVERIFIED = "reference-exact, kernel-unverified (needs Blackwell)"
+H200_VERIFIED = "kernel-verified on H200 (TE 2.20.2)"
+"""tests/numerics/test_backward_override.py against `python -m benchmarks.te_backward_override`'s
+capture (tests/assets/te_backward_override/)."""
+VERIFICATION: dict[tuple[str, str | None], str] = {
+    ("backward_override", "Float8CurrentScaling"): H200_VERIFIED,
+    ("backward_override", "Float8BlockScaling"): H200_VERIFIED,
+}
+"""(field, TE recipe class) -> status where a kernel check exists; every other
+TE 2.20 option in use is KERNEL_UNVERIFIED (Hopper runs no MXFP8/NVFP4 kernel)."""
+HYBRID_FACTORIES = "harness.numerics.hybrid"
+"""The module of lowp's hybrid forward/backward factories (recipe=custom, named by a short name with no
+`module:` part, or by their path): reference-exact only."""
+
+
+def verification(recipe: RecipeConfig, stability: StabilityConfig | None = None) -> dict[str, str]:
+    """`recipe.<field>=<value>` -> verification status of each TE 2.20 option the run (and each
+    stability override's recipe, keyed `pattern: ...`) uses; {} when it uses none."""
+    out = _verification(recipe)
+    for ov in stability.overrides if stability is not None else ():
+        if ov.resolved is not None:
+            out.update({f"{ov.pattern}: {k}": v for k, v in _verification(ov.resolved).items()})
+    return out
+
+
+def _verification(recipe: RecipeConfig) -> dict[str, str]:
+    spec, default, out = get(recipe.name), RecipeConfig(), {}
+    for name in TE20_FIELDS:
+        value = getattr(recipe, name)
+        if value == getattr(default, name) or not FIELD_SCOPE[name](spec):
+            continue
+        if name.startswith("nvfp4_4over6_") and recipe.nvfp4_4over6 == "none":
+            continue  # read only with 4over6 on
+        out[f"recipe.{name}={value}"] = VERIFICATION.get((name, spec.te_recipe_class), KERNEL_UNVERIFIED)
+    factory = recipe.quantizer_factory or ""
+    if spec.needs_factory and factory and (":" not in factory or factory.startswith(HYBRID_FACTORIES)):
+        out[f"recipe.quantizer_factory={factory}"] = KERNEL_UNVERIFIED
+    return out

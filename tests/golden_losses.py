@@ -50,6 +50,7 @@ CASES: dict[str, list[str]] = {
         "+stability.overrides=[{pattern:'blocks.0.*',recipe:tensorwise},{pattern:'*.fc2',recipe:bf16}]",
     ],
     "delayed_fp8_states": ["recipe=delayed", "stability.fp8_margin=1", "optimizer=fp8_states"],
+    "tensorwise_dequantized_backward": ["recipe=tensorwise", "recipe.backward_override=dequantized"],
 }
 # the same run on the tiny MoE presets: every recipe on qwen3_moe_tiny's routed experts (INT4 QAT on
 # them alone, miles' scope), and mixtral_tiny under delayed scaling with a sigmoid router, its expert

@@ -84,8 +84,13 @@ class Backend(ABC):
         return build_optimizer(model, cfg, self.device, native=False)
 
     def describe(self) -> dict:
-        """Provenance for run.json: the backend, the recipe's repr, library versions."""
-        return {"backend": self.name, "recipe_repr": repr(self.spec.recipe)}
+        """Provenance for run.json: the backend, the recipe's repr, library versions, and how far
+        each TE 2.20 recipe option in use is verified (recipes.verification)."""
+        out = {"backend": self.name, "recipe_repr": repr(self.spec.recipe)}
+        verification = recipes.verification(self.spec.recipe, self.spec.stability)
+        if verification:
+            out["verification"] = verification
+        return out
 
     def verify_active(self, model: nn.Module, step: int) -> None:  # noqa: B027
         """Prove at runtime that the recipe is really applied; raise if it silently is not."""

@@ -364,8 +364,13 @@ class TEBackend(Backend):
                 target.copy_(value)
 
     def describe(self) -> dict:
-        notes = []
-        if not self.spec.stability.fp8_wgrad:
+        notes, r = [], self.spec.recipe
+        if not self.spec.stability.fp8_wgrad and r.backward_override is not None:
+            notes.append(
+                f"recipe.backward_override={r.backward_override} wins over stability.fp8_wgrad=false "
+                "(TE has one backward switch)"
+            )
+        elif not self.spec.stability.fp8_wgrad:
             notes.append(
                 "stability.fp8_wgrad=false mapped to TE backward_override=high_precision "
                 "(dgrad and wgrad both in high precision; TE 2.x ignores --no-fp8-wgrad)"
@@ -386,6 +391,7 @@ class TEBackend(Backend):
                 "step_in_backward": self.spec.optimizer.step_in_backward,
             },
             "mapping_notes": notes,
+            **{k: v for k, v in super().describe().items() if k == "verification"},
             "block_recipes": {
                 f"blocks.{i}": self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
                 for i in range(self.spec.model.num_layers)

@@ -40,23 +40,35 @@ def userbuffers_errors(activation: str) -> list[str]:
 
 
 def conflicts(recipe: RecipeConfig) -> list[str]:
-    """One line per variable the user set to a value the config contradicts."""
+    """One line per variable the user set to a value the config contradicts (a text field left null
+    asks for the variable unset: TE would read any value, and refuses most)."""
     errs = []
-    for var, want in wanted(recipe).items():
-        have = os.environ.get(var)
-        if have is not None and LOWP_SET_NVTE.get(var) != have and have != want:
+    for v in recipes.get(recipe.name).nvte_vars:
+        have, want = os.environ.get(v.var), v.value(recipe)
+        if have is None or LOWP_SET_NVTE.get(v.var) == have or v.same(have, want):
+            continue
+        if want is None:
             errs.append(
-                f"environment {var}={have} contradicts the config (which sets {var}={want}): unset it and "
-                "choose the behaviour through the recipe fields"
+                f"environment {v.var}={have} contradicts the config (recipe.{v.field}=null leaves it "
+                f"unset): unset it, or set recipe.{v.field} instead where recipe={recipe.name} has it"
+            )
+        else:
+            errs.append(
+                f"environment {v.var}={have} contradicts the config (which sets {v.var}={want}): unset it "
+                "and choose the behaviour through the recipe fields"
             )
     return errs
 
 
 def set_nvte_env(recipe: RecipeConfig) -> dict[str, str]:
-    """Set the NVTE_* defaults TE reads at import from config (fields are also set explicitly)."""
+    """Set the NVTE_* defaults TE reads at import from config (fields are also set explicitly); a
+    variable lowp itself set for an earlier run in this process and this recipe leaves null is removed."""
     env = wanted(recipe)
     for var, value in env.items():
         if var not in os.environ or LOWP_SET_NVTE.get(var) == os.environ[var]:
             os.environ[var] = value  # never overrides a user's value (validation refused a conflict)
             LOWP_SET_NVTE[var] = value
+    for var in recipes.get(recipe.name).nvte_unset(recipe):
+        if var in os.environ and LOWP_SET_NVTE.get(var) == os.environ[var]:
+            del os.environ[var], LOWP_SET_NVTE[var]
     return env

@@ -6,16 +6,13 @@ The registry names the class (`RecipeSpec.te_recipe_class`); one builder per TE 
 from __future__ import annotations
 
 from harness import recipes
+from harness.backends.capability import te_backward_override
 from harness.config.schema import RecipeConfig, StabilityConfig
 from harness.numerics.quantizers import load_factory
 
 
 def _fmt(R, r: RecipeConfig):
     return {"e4m3": R.Format.E4M3, "hybrid": R.Format.HYBRID}.get(r.fp8 or "", R.Format.E4M3)
-
-
-def _backward(s: StabilityConfig):
-    return None if s.fp8_wgrad else "high_precision"
 
 
 def _qparams(R, r: RecipeConfig, rec):
@@ -54,7 +51,7 @@ def _current(R, r, s):
         fp8_format=_fmt(R, r),
         fp8_dpa=r.fp8_dpa,
         fp8_mha=r.fp8_mha,
-        backward_override=_backward(s),
+        backward_override=te_backward_override(r, s),
         **_gemm_params(R, r),
     )
     return _qparams(R, r, rec)
@@ -66,13 +63,17 @@ def _block(R, r, s):
         x_block_scaling_dim=r.x_block_dim,
         w_block_scaling_dim=r.w_block_dim,
         grad_block_scaling_dim=r.grad_block_dim,
-        backward_override=_backward(s),
+        backward_override=te_backward_override(r, s),
     )
     return _qparams(R, r, rec)
 
 
 def _mxfp8(R, r, s):
-    return R.MXFP8BlockScaling(fp8_format=_fmt(R, r), backward_override=_backward(s))
+    return R.MXFP8BlockScaling(
+        fp8_format=_fmt(R, r),
+        backward_override=te_backward_override(r, s),
+        enable_2d_quantization=r.enable_2d_quantization,
+    )
 
 
 def _nvfp4(R, r, s):
@@ -80,13 +81,15 @@ def _nvfp4(R, r, s):
         disable_rht=r.disable_rht,
         disable_stochastic_rounding=r.disable_stochastic_rounding,
         disable_2d_quantization=r.disable_2d_quantization,
-        backward_override=_backward(s),
+        backward_override=te_backward_override(r, s),
     )
 
 
 def _custom(R, r, s):
     return R.CustomRecipe(
-        qfactory=load_factory(r.quantizer_factory), fp8_format=_fmt(R, r), backward_override=_backward(s)
+        qfactory=load_factory(r.quantizer_factory),
+        fp8_format=_fmt(R, r),
+        backward_override=te_backward_override(r, s),
     )
 
 

@@ -25,6 +25,7 @@ import string
 import textwrap
 
 from harness import recipes
+from harness.backends.capability import te_backward_override
 from harness.config.errors import ConfigError
 from harness.config.schema import Config, RecipeConfig, eval_budget
 from harness.interop.megatron_arch import UNTIE, architecture_flags, moe_flags
@@ -205,21 +206,42 @@ def _router_padding_notes(cfg: Config) -> list[str]:
 
 def nvte_env(cfg: Config) -> dict[str, str]:
     """NVTE_* variables Megatron's run needs to match the config (TE reads them at import), where
-    they differ from TE's default of "0"/unset."""
+    they differ from what TE assumes unset."""
     r, s = cfg.recipe, cfg.stability
     spec = recipes.get(r.name)
-    env = {var: v for var, v in spec.nvte_env(r).items() if v != "0"}
-    if not s.fp8_wgrad and spec.quantizes_gemms and spec.te_high_precision_backward_ok:
+    env = spec.nvte_changed(r)
+    if spec.quantizes_gemms and spec.te_high_precision_backward_ok and (bo := te_backward_override(r, s)):
         # Megatron passes fp8_wgrad only to DelayedScaling; every other TE recipe class takes its
         # backward_override default from this variable, which is what lowp's TE backend sets
-        env["NVTE_BACKWARD_OVERRIDE"] = "high_precision"
+        env["NVTE_BACKWARD_OVERRIDE"] = bo
     return env
+
+
+def te20_notes(r: RecipeConfig) -> list[str]:
+    """A `#` line per TE 2.20 recipe field away from its default: Megatron-LM has no flag for any
+    (megatron/training/arguments.py); how to set it (its NVTE_* variable where TE reads one)."""
+    spec, default, notes = recipes.get(r.name), RecipeConfig(), []
+    var_of = {v.field: v for v in spec.nvte_vars}
+    for name in recipes.TE20_FIELDS:
+        value = getattr(r, name)
+        if value == getattr(default, name):
+            continue
+        lead = f"# recipe.{name}={value}: Megatron-LM has no flag for it (megatron/training/arguments.py)"
+        if (var := var_of.get(name)) is not None:
+            notes.append(f"{lead}; TE reads its default from the environment: {var.var}={var.value(r)}")
+        else:
+            notes.append(
+                f"{lead} and TE reads no NVTE_* variable for it: Megatron builds {spec.te_recipe_class}"
+                "(fp8_format=...) in megatron/core/extensions/transformer_engine.py, so its run keeps "
+                f"TE's default {getattr(default, name)!r} unless that call passes {name}={value!r}"
+            )
+    return notes
 
 
 def _expressed_fields(spec: recipes.RecipeSpec) -> set[str]:
     """RecipeConfig fields that reach Megatron: as a flag, an NVTE_* variable or the spec's note."""
     out = set(_ALWAYS_EXPRESSED) | {v.field for v in spec.nvte_vars} | set(_ATTENTION_FIELDS)
-    out |= _LOWP_ONLY_FIELDS
+    out |= _LOWP_ONLY_FIELDS | set(recipes.TE20_FIELDS)  # te20_notes says each
     if spec.megatron.history_flags:
         out |= _HISTORY_FIELDS
     if spec.megatron.quantizer_factory:
@@ -271,7 +293,13 @@ def recipe_flags(cfg: Config) -> Part:
                 else ""
             )
         )
-    notes += [f"# requires env {var}={v} (no Megatron flag)" for var, v in nvte_env(cfg).items()]
+    te20_vars = {v.var for v in spec.nvte_vars if v.field in recipes.TE20_FIELDS and v.value(r) is not None}
+    notes += te20_notes(r)
+    notes += [
+        f"# requires env {var}={v} (no Megatron flag)"
+        for var, v in nvte_env(cfg).items()
+        if var not in te20_vars
+    ]
     default, expressed = RecipeConfig(), _expressed_fields(spec)
     for f in dataclasses.fields(RecipeConfig):
         value, base = getattr(r, f.name), getattr(default, f.name)

@@ -8,7 +8,14 @@ Operands are quantized from bf16 (activations, bf16(W), incoming bf16 grads), de
 multiplied in fp32; fprop and dgrad outputs are rounded to bf16 as `bf16_linear` does, the wgrad
 output too unless `wgrad_fp32` (Megatron's fp32 main grads: TE's fused wgrad accumulation writes the
 GEMM's fp32 result into `main_grad`; docs/numerics.md section 1). With fp8_wgrad=False the wgrad GEMM
-takes the bf16 operands instead. The weight's two copies are
+takes the bf16 operands instead.
+
+`recipe.backward_override` (TE 2.20, docs/numerics.md "backward_override"; TE module/linear.py
+`_linear_setup_ctx` turns the backward's FP8 off): the grad is not quantized and both backward GEMMs
+run in bf16 on it (so no `grad` telemetry row is written), with
+    high_precision: dgrad dx = dy bf16(W),              wgrad dW = dy^T bf16(x)
+    dequantized:    dgrad dx = dy bf16(deq(W rowwise)), wgrad dW = dy^T bf16(deq(x rowwise))
+and no columnwise copies are made in forward. The weight's two copies are
 cached until the next optimizer step (or an in-place write to W): TE (driven by Megatron's
 is_first_microbatch) quantizes W once per optimizer step, not once per micro-batch.
 
@@ -57,6 +64,13 @@ class QuantizedLinear:
         self.name, self.recipe, self.context, self.fp8_wgrad = name, recipe, context, fp8_wgrad
         self.fused_input_cast, self.fused_grad_cast = fused_input_cast, fused_grad_cast
         self.fp32_output, self.wgrad_fp32 = fp32_output, wgrad_fp32
+        self.backward_override = recipe.backward_override
+        if self.backward_override is not None:
+            # TE quantizes the norm's output in the norm kernel only without an override
+            # (layernorm_linear.py:244-250, with_quantized_norm), and its LayerNormMLP refuses one
+            # (layernorm_mlp.py:253): the override runs as LayerNormLinear + Linear, whose inputs and
+            # grads are bf16 tensors, so no operand is cast from fp32 and fc1's output is bf16.
+            self.fused_input_cast = self.fused_grad_cast = self.fp32_output = False
         self.fast_gemm = fast_gemm
         self.calls = 0
         self._weight_cache: tuple | None = None
@@ -116,6 +130,15 @@ class QuantizedLinear:
         self.context.telemetry.add(self.name, "weight", cache[3], cache[0])
         return cache[0], cache[1]
 
+    def weight_bf16(self) -> torch.Tensor:
+        """bf16(W) of the cached copies (the operand a high-precision dgrad reads)."""
+        return self._weight_cache[3]
+
+    @property
+    def columnwise_copies(self) -> bool:
+        """Forward makes the columnwise copies the backward GEMMs read (TE: not with an override)."""
+        return self.backward_override is None
+
     def quantize_grad(self, dy2: torch.Tensor, need_rowwise: bool, need_columnwise: bool):
         row, col = quantize_pair(self.quantizers["grad"], dy2, need_rowwise, need_columnwise)
         if row is not None:
@@ -125,6 +148,7 @@ class QuantizedLinear:
     def __repr__(self) -> str:
         q = self.quantizers
         extra = "" if self.fp8_wgrad else ", wgrad=bf16"
+        extra += f", backward={self.backward_override}" if self.backward_override else ""
         extra += ", dW fp32" if self.wgrad_fp32 else ""
         extra += {None: "", True: ", fast GEMM", False: ", reference GEMM"}[self.fast_gemm]
         fused = [r for r, f in (("input", self.fused_input_cast), ("grad", self.fused_grad_cast)) if f]
@@ -148,12 +172,29 @@ def _remember(ctx, mod: QuantizedLinear, x, weight, bias) -> None:
     ctx.first = mod.context.claim_first()
 
 
+def _override_operands(mod: QuantizedLinear, x2, xr, wr, m: int, n: int) -> tuple:
+    """(x (M, K) for wgrad, W (N, K) for dgrad), both bf16, under recipe.backward_override: TE's
+    saved original input and weight (high_precision), or its rowwise forward copies dequantized to
+    the activation dtype (dequantized; linear.py backward, `weight_for_dgrad`, `inputmat`)."""
+    if mod.backward_override == "dequantized":
+        return xr.dequantize().reshape(m, -1).to(BF16), wr.dequantize().reshape(n, -1).to(BF16)
+    return x2.to(BF16), mod.weight_bf16()
+
+
+def _wgrad_fp8(mod: QuantizedLinear, need_dw: bool) -> bool:
+    """The wgrad GEMM reads FP8 copies (neither fp8_wgrad=False nor a backward_override)."""
+    return need_dw and mod.fp8_wgrad and mod.backward_override is None
+
+
 def _quantized_grad(ctx, dy: torch.Tensor):
-    """(dy (M, N) as TE quantizes it, its rowwise copy, its columnwise copy or None, fp8 wgrad?)."""
+    """(dy (M, N) as TE quantizes it, its rowwise copy, its columnwise copy or None, fp8 wgrad?);
+    under backward_override the copies are None: both GEMMs take bf16 dy."""
     mod: QuantizedLinear = ctx.mod
     dy2 = dy.reshape(-1, dy.shape[-1])
     dy2 = dy2.float() if mod.fused_grad_cast else dy2.to(BF16)
-    fp8_dw = ctx.needs_input_grad[1] and mod.fp8_wgrad
+    if mod.backward_override is not None:
+        return dy2, None, None, False
+    fp8_dw = _wgrad_fp8(mod, ctx.needs_input_grad[1])
     dyr, dyc = mod.quantize_grad(dy2, True, fp8_dw)
     return dy2, dyr, dyc, fp8_dw
 
@@ -175,17 +216,21 @@ class _QuantizedLinearFn(torch.autograd.Function):
         mod.calls += 1
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         x2 = _input_2d(x, mod)  # (M, K)
-        xr, xc = mod.quantize_input(x2, need_dw and mod.fp8_wgrad)
-        wr, wc = mod.quantize_weight(weight, need_dx)
-        m = x2.shape[0]
-        xq, wq = _deq2d(xr, m), _deq2d(wr, weight.shape[0])  # (M, K), (N, K) fp32
+        xr, xc = mod.quantize_input(x2, _wgrad_fp8(mod, need_dw))
+        wr, wc = mod.quantize_weight(weight, need_dx and mod.columnwise_copies)
+        m, n = x2.shape[0], weight.shape[0]
+        xq, wq = _deq2d(xr, m), _deq2d(wr, n)  # (M, K), (N, K) fp32
         if bias is not None:
             y = torch.addmm(bias.to(BF16).float(), xq, wq.t())
         else:
             y = xq @ wq.t()
         # what wgrad reads: x's columnwise copy, or bf16 x when wgrad runs in high precision
-        x_saved = _deq2d(xc, m) if xc is not None else x2.to(BF16)
-        ctx.save_for_backward(x_saved if need_dw else None, _deq2d(wc, weight.shape[0]) if need_dx else None)
+        if mod.columnwise_copies:
+            x_saved = _deq2d(xc, m) if xc is not None else x2.to(BF16)
+            w_saved = _deq2d(wc, n) if need_dx else None
+        else:
+            x_saved, w_saved = _override_operands(mod, x2, xr, wr, m, n)  # bf16
+        ctx.save_for_backward(x_saved if need_dw else None, w_saved if need_dx else None)
         _remember(ctx, mod, x, weight, bias)
         y = y.to(BF16).float() if mod.fp32_output else y.to(BF16)
         return y.view(*x.shape[:-1], weight.shape[0])
@@ -198,7 +243,8 @@ class _QuantizedLinearFn(torch.autograd.Function):
         dy2, dyr, dyc, fp8_dw = _quantized_grad(ctx, dy)  # (M, N)
         dx = dw = None
         if need_dx:
-            dx = (_deq2d(dyr, dy2.shape[0]) @ wc).to(BF16).to(ctx.x_dtype).view(ctx.x_shape)
+            dy_x = _deq2d(dyr, dy2.shape[0]) if dyr is not None else dy2.float()
+            dx = (dy_x @ wc.float()).to(BF16).to(ctx.x_dtype).view(ctx.x_shape)
         if need_dw:
             dy_w = _deq2d(dyc, dy2.shape[0]) if fp8_dw else dy2.float()
             x_w = x_saved.float()
@@ -215,14 +261,18 @@ class _FastQuantizedLinearFn(torch.autograd.Function):
         mod.calls += 1
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         x2 = _input_2d(x, mod)  # (M, K)
-        xr, xc = mod.quantize_input(x2, need_dw and mod.fp8_wgrad)
-        wr, wc = mod.quantize_weight(weight, need_dx)
+        xr, xc = mod.quantize_input(x2, _wgrad_fp8(mod, need_dw))
+        wr, wc = mod.quantize_weight(weight, need_dx and mod.columnwise_copies)
         m, n = x2.shape[0], weight.shape[0]
         (xa, xs), (wa, ws) = fast.operand(xr, m), fast.operand(wr, n)  # (M, K), (N, K)
         b = bias.to(BF16) if bias is not None else None
         y = fast.mm_bf16(xa, wa.t(), fast.alpha_of(xs, ws), b, fp32_storage=mod.fp32_output)  # (M, N)
-        xw, xws = fast.operand(xc if xc is not None else x2.to(BF16), m) if need_dw else (None, None)
-        wd, wds = fast.operand(wc, n) if need_dx else (None, None)
+        if mod.columnwise_copies:
+            x_bwd, w_bwd = (xc if xc is not None else x2.to(BF16)), wc
+        else:
+            x_bwd, w_bwd = _override_operands(mod, x2, xr, wr, m, n)  # bf16
+        xw, xws = fast.operand(x_bwd, m) if need_dw else (None, None)
+        wd, wds = fast.operand(w_bwd, n) if need_dx else (None, None)
         ctx.save_for_backward(xw, xws, wd, wds)
         _remember(ctx, mod, x, weight, bias)
         return y.view(*x.shape[:-1], n)
@@ -236,7 +286,7 @@ class _FastQuantizedLinearFn(torch.autograd.Function):
         m = dy2.shape[0]
         dx = dw = None
         if need_dx:
-            da, das = fast.operand(dyr, m)
+            da, das = fast.operand(dyr if dyr is not None else dy2, m)
             dx = fast.mm_bf16(da, wd, fast.alpha_of(das, wds)).to(ctx.x_dtype).view(ctx.x_shape)
         if need_dw:
             dwa, dws = fast.operand(dyc if fp8_dw else dy2, m)

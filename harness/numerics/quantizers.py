@@ -109,14 +109,17 @@ class BlockwiseQuantizer(Quantizer):
 
 
 class MXFP8Quantizer(Quantizer):
-    def __init__(self, fmt: FP8Format):
-        self.fmt = fmt
+    """`tile_2d`: 32x32 tiles (recipe.enable_2d_quantization, weights): both copies have the same
+    codes, each quantized in its own scale layout (the columnwise copy is not a transpose here)."""
+
+    def __init__(self, fmt: FP8Format, tile_2d: bool = False):
+        self.fmt, self.tile_2d = fmt, tile_2d
 
     def quantize(self, x, columnwise=False):
-        return quantize_mxfp8(x, self.fmt, columnwise=columnwise, fused=self.fused)
+        return quantize_mxfp8(x, self.fmt, columnwise=columnwise, fused=self.fused, tile_2d=self.tile_2d)
 
     def __repr__(self):
-        return f"MXFP8({self.fmt}, 1x32, E8M0)"
+        return f"MXFP8({self.fmt}, {'32x32' if self.tile_2d else '1x32'}, E8M0)"
 
 
 class NVFP4Quantizer(Quantizer):
@@ -203,7 +206,10 @@ def _block(recipe: RecipeConfig, role: str, **_) -> Quantizer:
 
 
 def _mx(recipe: RecipeConfig, role: str, **_) -> Quantizer:
-    return MXFP8Quantizer(fp8_format_for(recipe.fp8, role))
+    # TE 2.20.2 quantization.py:1536-1547: 2D only for forward-mode weights of (grouped) linears
+    return MXFP8Quantizer(
+        fp8_format_for(recipe.fp8, role), role == "weight" and recipe.enable_2d_quantization
+    )
 
 
 def _in_scope(scope: str, role: str) -> bool:

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from harness import recipes
 from harness.backends import resolve_backend_name
+from harness.backends.capability import te_blocker
 from harness.backends.hardware import device_for
 from harness.config.errors import ConfigError, ConfigWarning
 from harness.config.schema import TE_EXACT_VERSION, Config
@@ -81,7 +82,9 @@ def _run(
             lambda path: (path, *ckpt.load_one(path)),
         )
         previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
-        backend_name = resolve_backend_name(cfg.backend.name, cfg.recipe.name)
+        backend_name = resolve_backend_name(
+            cfg.backend.name, cfg.recipe.name, te_blocker(cfg.recipe, cfg.stability, cfg.model)
+        )
         summary = Summary(
             recipe=cfg.recipe.name,
             recipe_label=recipes.label(cfg.recipe),

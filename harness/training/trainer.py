@@ -21,6 +21,7 @@ import torch
 
 from harness import recipes
 from harness.backends import BackendSpec, build_backend, resolve_backend_name
+from harness.backends.capability import te_blocker
 from harness.backends.hardware import device_for
 from harness.config.schema import Config, ModelConfig, eval_budget
 from harness.data import build_data
@@ -73,7 +74,9 @@ def seed_everything(seed: int) -> None:
 def backend_spec(cfg: Config) -> BackendSpec:
     """The slices of `cfg` a backend is built from (backend=auto resolved here)."""
     return BackendSpec(
-        name=resolve_backend_name(cfg.backend.name, cfg.recipe.name),
+        name=resolve_backend_name(
+            cfg.backend.name, cfg.recipe.name, te_blocker(cfg.recipe, cfg.stability, cfg.model)
+        ),
         recipe=cfg.recipe,
         stability=cfg.stability,
         model=cfg.model,

@@ -5,7 +5,7 @@ Every error is one line that names the options and the fix."""
 from __future__ import annotations
 
 from harness import recipes
-from harness.backends.capability import runs_on_te, te_installed_version
+from harness.backends.capability import runs_on_te, te_blocker, te_installed_version
 from harness.backends.te_env import conflicts as nvte_conflicts
 from harness.backends.te_env import userbuffers_errors
 from harness.backends.te_options import option_errors
@@ -14,6 +14,7 @@ from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeCo
 from harness.data import SOURCES
 from harness.model.plan import OVERRIDE_FIELDS
 from harness.validation.moe_rules import moe_errors, moe_name_errors
+from harness.validation.recipe_fields import field_errors, value_names, wgrad_conflicts
 
 NAMES = {
     "recipe.name": recipes.names(),
@@ -22,6 +23,7 @@ NAMES = {
     "recipe.fp8_amax_compute_algo": ("max", "most_recent"),
     "recipe.fp8_fast_accumulation": schema.FP8_FAST_ACCUMULATION,
     "recipe.int4_scope": schema.INT4_SCOPES,
+    **value_names(),
     "optimizer.main_grads_dtype": ("fp32", "bf16"),
     "optimizer.main_params_dtype": ("fp32", "fp16"),
     "optimizer.exp_avg_dtype": schema.STATE_DTYPES,
@@ -72,7 +74,8 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 def uses_te(cfg: Config) -> bool:
     """backend=te, or auto on a machine where it would resolve to te."""
-    return runs_on_te(cfg.backend.name, cfg.recipe.name, cfg.hardware.name)
+    blocked = te_blocker(cfg.recipe, cfg.stability, cfg.model)
+    return runs_on_te(cfg.backend.name, cfg.recipe.name, cfg.hardware.name, blocked)
 
 
 def _quantized_dims(cfg: Config) -> dict[str, int]:
@@ -174,7 +177,7 @@ def _recipe_errors(r: RecipeConfig) -> list[str]:
             errs.append(f"recipe.{key}={getattr(r, key)}: use 1 (1x128 blocks) or 2 (128x128 tiles)")
     if r.int4_group_size < 1:
         errs.append(f"recipe.int4_group_size={r.int4_group_size}: must be a positive group size, e.g. 128")
-    return errs
+    return errs + field_errors(r)
 
 
 def _stability_errors(s: StabilityConfig, r: RecipeConfig, m: ModelConfig) -> list[str]:
@@ -195,7 +198,12 @@ def _stability_errors(s: StabilityConfig, r: RecipeConfig, m: ModelConfig) -> li
                 f"exceeds model.num_layers={m.num_layers}: Megatron checks each count alone and would "
                 f"keep every block BF16; lower them so that their sum is at most {m.num_layers}"
             )
-    return errs + [e for ov in s.overrides for e in _override_errors(ov)]
+    errs += wgrad_conflicts(r, s)
+    for ov in s.overrides:
+        errs += _override_errors(ov)
+        if ov.resolved is not None and ov.resolved is not r:
+            errs += wgrad_conflicts(ov.resolved, s, f"stability.overrides pattern={ov.pattern}: ")
+    return errs
 
 
 def _override_errors(ov: schema.ModuleOverride) -> list[str]:
@@ -343,6 +351,8 @@ def _te_errors(cfg: Config) -> list[str]:
             "high-precision backward under delayed scaling; use "
             "recipe=tensorwise, or backend=emulated (wgrad GEMM only)"
         )
+    elif (blocked := te_blocker(r, s, cfg.model)) is not None:
+        errs.append(f"backend=te with {blocked}; use backend=emulated (or backend=auto, which picks it)")
     if spec.quantizes_gemms:
         n = spec.gemm_multiple
         for key, dim in _quantized_dims(cfg).items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 from harness import recipes
+from harness.backends.capability import auto_note, te_blocker
 from harness.backends.te_options import option_warnings
 from harness.config.errors import ConfigError, ConfigWarning  # noqa: F401 - re-exported
 from harness.config.schema import Config
@@ -48,6 +49,8 @@ def recommendations(cfg: Config) -> list[str]:
             "first/last layers for FP4 (NVFP4 diverges if every linear layer is FP4)"
         )
     out += option_warnings(r, m, cfg.backend, uses_te(cfg)) + moe_warnings(cfg)
+    if note := auto_note(cfg.backend.name, cfg.hardware.name, te_blocker(r, s, m)):
+        out.append(note)
     if not s.fp8_wgrad and uses_te(cfg):
         out.append(
             "stability.fp8_wgrad=false on backend=te maps to TE's high-precision backward, which "

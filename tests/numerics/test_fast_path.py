@@ -32,11 +32,20 @@ CASES = {
     "block1d_fp32scale": ("blockwise", {"power_2_scales": False}, "input"),
     "mxfp8_e4m3": ("mxfp8", {}, "input"),
     "mxfp8_e5m2": ("mxfp8", {"fp8": "hybrid"}, "grad"),
+    "mxfp8_2d_weight": ("mxfp8", {"enable_2d_quantization": True}, "weight"),
     "nvfp4_1d": ("nvfp4", {}, "input"),
     "nvfp4_rht_sr": ("nvfp4", {}, "grad"),
     "nvfp4_2d": ("nvfp4", {}, "weight"),
 }
-EXACT = {"tensorwise_pow2", "block1d_e4m3", "block1d_e5m2", "block2d_e4m3", "mxfp8_e4m3", "mxfp8_e5m2"}
+EXACT = {
+    "tensorwise_pow2",
+    "block1d_e4m3",
+    "block1d_e5m2",
+    "block2d_e4m3",
+    "mxfp8_e4m3",
+    "mxfp8_e5m2",
+    "mxfp8_2d_weight",
+}
 # codes x scale_inv: the reference's own product
 FOLDED = {"tensorwise_e4m3", "tensorwise_e5m2", "delayed_e4m3"}
 

@@ -128,6 +128,10 @@ LINEAR_CASES = [
     ("tensorwise", {}),
     ("tensorwise", {"power_2_scales": True}),
     ("nvfp4", {}),
+    ("tensorwise", {"backward_override": "high_precision"}),
+    ("blockwise", {"backward_override": "dequantized"}),
+    ("nvfp4", {"backward_override": "dequantized"}),
+    ("mxfp8", {"enable_2d_quantization": True}),
 ]
 
 
