@@ -8,6 +8,7 @@ from __future__ import annotations
 from harness import recipes
 from harness.backends.capability import te_backward_override
 from harness.config.schema import RecipeConfig, StabilityConfig
+from harness.numerics.hybrid import te_factory
 from harness.numerics.quantizers import load_factory
 
 
@@ -87,7 +88,7 @@ def _nvfp4(R, r, s):
 
 def _custom(R, r, s):
     return R.CustomRecipe(
-        qfactory=load_factory(r.quantizer_factory),
+        qfactory=te_factory(r.quantizer_factory) or load_factory(r.quantizer_factory),
         fp8_format=_fmt(R, r),
         backward_override=te_backward_override(r, s),
     )

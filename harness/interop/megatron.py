@@ -116,8 +116,11 @@ def _fsdp2(cfg: Config) -> bool:
 
 
 def _dotted(factory: str) -> str:
-    """lowp's `module:function` as the `pkg.mod.func` path Megatron's factory resolver imports."""
-    return factory.replace(":", ".")
+    """lowp's `module:function` as the `pkg.mod.func` path Megatron's factory resolver imports; a
+    shipped hybrid factory (harness.numerics.hybrid) as TE's own zoo function, which Megatron hands TE."""
+    from harness.numerics.hybrid import te_path
+
+    return te_path(factory) or factory.replace(":", ".")
 
 
 def model_flags(cfg: Config) -> Part:
