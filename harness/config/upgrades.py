@@ -109,7 +109,7 @@ ADDED: dict[str, Change] = {c.field: c for c in (
              "(hf_dataset, stdlib_text, custom)") for name, value in (
         ("tokenizer", None), ("text_key", "text"), ("cache_dir", "~/.cache/lowp/data"), ("_target_", None),
         ("params", {}))),
-    Change("RecipeConfig.backward_override", None, _TE220, "the backward GEMMs ran on the quantized operands"),
+    Change("RecipeConfig.backward_override", None, _TE220, "the backward GEMMs took the quantized operands"),
     Change("RecipeConfig.row_scaled_activation", False, _TE220, "NVFP4 activations had one global scale"),
     Change("RecipeConfig.nvfp4_4over6", "none", _TE220, "NVFP4 blocks always mapped their max to 6"),
     Change("RecipeConfig.nvfp4_4over6_e4m3_use_256", "all", _TE220, "read only with nvfp4_4over6 set"),
