@@ -400,6 +400,12 @@ TE20_FIELDS = (
 )
 
 
+def te20_set(recipe: RecipeConfig) -> dict[str, Any]:
+    """The TE 2.20 fields (TE20_FIELDS) set away from their RecipeConfig default, in that order."""
+    default = RecipeConfig()
+    return {n: v for n in TE20_FIELDS if (v := getattr(recipe, n)) != getattr(default, n)}
+
+
 def changed_fields(recipe: RecipeConfig) -> dict[str, Any]:
     """The fields of `recipe` that its family reads and that differ from its preset, in the schema's
     order."""
@@ -576,10 +582,9 @@ def verification(recipe: RecipeConfig, stability: StabilityConfig | None = None)
 
 
 def _verification(recipe: RecipeConfig) -> dict[str, str]:
-    spec, default, out = get(recipe.name), RecipeConfig(), {}
-    for name in TE20_FIELDS:
-        value = getattr(recipe, name)
-        if value == getattr(default, name) or not FIELD_SCOPE[name](spec):
+    spec, out = get(recipe.name), {}
+    for name, value in te20_set(recipe).items():
+        if not FIELD_SCOPE[name](spec):
             continue
         if name.startswith("nvfp4_4over6_") and recipe.nvfp4_4over6 == "none":
             continue  # read only with 4over6 on

@@ -86,11 +86,12 @@ class Backend(ABC):
     def describe(self) -> dict:
         """Provenance for run.json: the backend, the recipe's repr, library versions, and how far
         each TE 2.20 recipe option in use is verified (recipes.verification)."""
-        out = {"backend": self.name, "recipe_repr": repr(self.spec.recipe)}
-        verification = recipes.verification(self.spec.recipe, self.spec.stability)
-        if verification:
-            out["verification"] = verification
-        return out
+        return {"backend": self.name, "recipe_repr": repr(self.spec.recipe), **self.verification()}
+
+    def verification(self) -> dict:
+        """{"verification": ...} where the run uses TE 2.20 recipe options, else {}."""
+        found = recipes.verification(self.spec.recipe, self.spec.stability)
+        return {"verification": found} if found else {}
 
     def verify_active(self, model: nn.Module, step: int) -> None:  # noqa: B027
         """Prove at runtime that the recipe is really applied; raise if it silently is not."""

@@ -391,7 +391,7 @@ class TEBackend(Backend):
                 "step_in_backward": self.spec.optimizer.step_in_backward,
             },
             "mapping_notes": notes,
-            **{k: v for k, v in super().describe().items() if k == "verification"},
+            **self.verification(),
             "block_recipes": {
                 f"blocks.{i}": self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
                 for i in range(self.spec.model.num_layers)

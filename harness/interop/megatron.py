@@ -225,10 +225,7 @@ def te20_notes(r: RecipeConfig) -> list[str]:
     (megatron/training/arguments.py); how to set it (its NVTE_* variable where TE reads one)."""
     spec, default, notes = recipes.get(r.name), RecipeConfig(), []
     var_of = {v.field: v for v in spec.nvte_vars}
-    for name in recipes.TE20_FIELDS:
-        value = getattr(r, name)
-        if value == getattr(default, name):
-            continue
+    for name, value in recipes.te20_set(r).items():
         lead = f"# recipe.{name}={value}: Megatron-LM has no flag for it (megatron/training/arguments.py)"
         if (var := var_of.get(name)) is not None:
             notes.append(f"{lead}; TE reads its default from the environment: {var.var}={var.value(r)}")

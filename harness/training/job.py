@@ -15,8 +15,6 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import recipes
-from harness.backends import resolve_backend_name
-from harness.backends.capability import te_blocker
 from harness.backends.hardware import device_for
 from harness.config.errors import ConfigError, ConfigWarning
 from harness.config.schema import TE_EXACT_VERSION, Config
@@ -30,7 +28,7 @@ from harness.lifecycle.signals import StopRequest
 from harness.parallel import agree
 from harness.parallel import process as D
 from harness.parallel.agree import RankFailed
-from harness.training.trainer import Trainer, variant
+from harness.training.trainer import Trainer, backend_name, variant
 from harness.validation import prepare
 
 log = logging.getLogger("lowp")
@@ -82,9 +80,7 @@ def _run(
             lambda path: (path, *ckpt.load_one(path)),
         )
         previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
-        backend_name = resolve_backend_name(
-            cfg.backend.name, cfg.recipe.name, te_blocker(cfg.recipe, cfg.stability, cfg.model)
-        )
+        resolved = backend_name(cfg)
         summary = Summary(
             recipe=cfg.recipe.name,
             recipe_label=recipes.label(cfg.recipe),
@@ -102,9 +98,7 @@ def _run(
                 name=cfg.name or f"{recipes.label(cfg.recipe)} s{cfg.seed}",
                 group=sweep_group(run_dir),
                 job_type=cfg.recipe.name,
-                tags=[
-                    t[:64] for t in (cfg.recipe.name, recipes.label(cfg.recipe), backend_name, variant(cfg))
-                ],
+                tags=[t[:64] for t in (cfg.recipe.name, recipes.label(cfg.recipe), resolved, variant(cfg))],
                 config=config,
                 run_id=((previous or {}).get("wandb") or {}).get("run_id") if found else None,
             )

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from harness import recipes
-from harness.backends import BackendSpec, build_backend, resolve_backend_name
-from harness.backends.capability import te_blocker
+from harness.backends import BackendSpec, build_backend
+from harness.backends.capability import resolve_backend_name, te_blocker
 from harness.backends.hardware import device_for
 from harness.config.schema import Config, ModelConfig, eval_budget
 from harness.data import build_data
@@ -71,12 +71,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def backend_name(cfg: Config) -> str:
+    """te or emulated: backend=auto resolved with te_blocker's answer for the run's recipe options."""
+    blocked = te_blocker(cfg.recipe, cfg.stability, cfg.model)
+    return resolve_backend_name(cfg.backend.name, cfg.recipe.name, blocked)
+
+
 def backend_spec(cfg: Config) -> BackendSpec:
     """The slices of `cfg` a backend is built from (backend=auto resolved here)."""
     return BackendSpec(
-        name=resolve_backend_name(
-            cfg.backend.name, cfg.recipe.name, te_blocker(cfg.recipe, cfg.stability, cfg.model)
-        ),
+        name=backend_name(cfg),
         recipe=cfg.recipe,
         stability=cfg.stability,
         model=cfg.model,

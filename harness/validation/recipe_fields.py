@@ -29,9 +29,8 @@ def _families_with(field: str) -> list[str]:
 def field_errors(r: RecipeConfig) -> list[str]:
     """One line per TE 2.20 field set on a family without it, and per combination TE refuses."""
     spec, errs = recipes.get(r.name), []
-    for name in recipes.TE20_FIELDS:
-        value, default = getattr(r, name), getattr(_DEFAULTS, name)
-        if value == default or recipes.FIELD_SCOPE[name](spec):
+    for name, value in recipes.te20_set(r).items():
+        if recipes.FIELD_SCOPE[name](spec):
             continue
         if name == "backward_override" and spec.delayed_scaling:
             errs.append(
@@ -40,6 +39,7 @@ def field_errors(r: RecipeConfig) -> list[str]:
                 "recipe=tensorwise (per-tensor FP8, current scaling) or drop recipe.backward_override"
             )
             continue
+        default = getattr(_DEFAULTS, name)
         shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else default
         errs.append(
             f"recipe.{name}={value} with recipe={r.name}: TE 2.20 has {name} only on "
