@@ -352,7 +352,7 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
     result = {
         "_meta": {
             **specs.meta(spec, opts),
-            "how": __doc__.split("\n\n")[1].replace("\n", " "),
+            "how": __doc__.split("\n\n")[2].replace("\n", " "),
             "transformer_engine": te_version,
             "cublaslt": _cublaslt_version() if te_version else None,
             "shapes": {
