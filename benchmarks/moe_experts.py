@@ -10,7 +10,11 @@ permutation), timed from the permuted input to its gradient and the weight gradi
 - `te` / `te_grouped_tensor`: TE's `GroupedLinear` (Megatron's TEGroupedMLP) under `te.autocast` with
   the recipe, on its default split-quantize path / its grouped-tensor path (`use_grouped_tensor=True`,
   only where TE's `is_module_grouped_tensor_path_supported` allows it on this device's cuBLASLt);
-- `torch_bf16`: `torch._grouped_mm` (BF16) for both GEMMs, autograd's backward;
+- `torch_bf16`: `torch._grouped_mm` (BF16) for both GEMMs, autograd's backward (its wgrad leaves
+  the GEMM in BF16);
+- `lowp_grouped`: lowp's `backend.moe_experts=grouped` (harness.backends.grouped_gemm):
+  `torch._grouped_mm` fprop and dgrad, the Triton wgrad summed in fp32 into an fp32 main grad, as
+  TE's GroupedLinear does with fuse_wgrad_accumulation;
 - `torch_fp8`: `torch._scaled_grouped_mm` for the six GEMMs (fprop, dgrad, wgrad of both), E4M3 codes
   with one current-scaling scale per expert and tensor (TE's tensorwise recipe with fp8=e4m3, each
   expert quantized on its own as TE's split-quantize does), fast accumulation in fprop only; the casts
@@ -42,7 +46,7 @@ SHAPES = {
     "deepseek_like": (256, 7168, 2048, 8, 4096),
 }
 RECIPES = ("bf16", "tensorwise", "delayed", "blockwise")
-PATHS = ("te", "te_grouped_tensor", "torch_bf16", "torch_fp8")
+PATHS = ("te", "te_grouped_tensor", "torch_bf16", "lowp_grouped", "torch_fp8")
 ROUTINGS = ("balanced", "zipf", "empty")
 ALIGN = 16
 E4M3_MAX = 448.0
@@ -144,6 +148,28 @@ def torch_bf16_case(shape, counts):
     def step():
         h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
         y = torch._grouped_mm(_swiglu(h), w2.transpose(-2, -1), offs=offs)
+        y.backward(dy)
+
+    return step, None
+
+
+def lowp_grouped_case(shape, counts):
+    import torch
+
+    from harness.backends.grouped_gemm import GroupedLinear
+
+    E, H, F, _, _ = shape
+    w1 = (torch.randn(E, 2 * F, H, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    w2 = (torch.randn(E, H, F, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    w1.main_grad = torch.zeros(w1.shape, device="cuda")
+    w2.main_grad = torch.zeros(w2.shape, device="cuda")
+    rows = sum(counts)
+    x = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
+    ends = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+
+    def step():
+        y = GroupedLinear.apply(_swiglu(GroupedLinear.apply(x, w1, ends)), w2, ends)
         y.backward(dy)
 
     return step, None
@@ -334,7 +360,8 @@ def cases(opts: Options):
     for shape in opts.shapes:
         for routing in opts.routings:
             for path in opts.paths:
-                for recipe in {"torch_bf16": ("bf16",), "torch_fp8": ("tensorwise_e4m3",)}.get(path, RECIPES):
+                one = {"torch_bf16": ("bf16",), "lowp_grouped": ("bf16",), "torch_fp8": ("tensorwise_e4m3",)}
+                for recipe in one.get(path, RECIPES):
                     yield shape, routing, path, recipe
 
 
@@ -381,6 +408,8 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
                 step, why = te_case(shape, counts, recipe, path == "te_grouped_tensor")
             elif path == "torch_bf16":
                 step, why = torch_bf16_case(shape, counts)
+            elif path == "lowp_grouped":
+                step, why = lowp_grouped_case(shape, counts)
             else:
                 step, why = torch_fp8_case(shape, counts)
             if step is None:

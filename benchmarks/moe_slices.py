@@ -4,7 +4,7 @@ experiment=h200_<slice> ...`, one process after another, and what each run's sum
 
     python -m benchmarks.moe_slices --out DIR [--slices qwen3_30b_a3b_slice,mixtral_8x7b_slice]
         [--recipes bf16,delayed,tensorwise,blockwise] [--backend te] [--steps 50] [--warmup 5]
-        [--over backend.moe_experts=torch_grouped --tag torch_grouped]
+        [--over backend.moe_experts=grouped --tag grouped]
 
 Throughput is the runs' timed steps (after `bench_warmup_steps`); the memory peak is the device
 allocator's maximum (summary.json `memory`). Needs a GPU that holds the slices (experiment=h200_*).

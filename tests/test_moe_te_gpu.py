@@ -244,3 +244,68 @@ def test_moe_presets_train_on_te(tmp_path, preset, recipe):
     layers = {json.loads(line)["layer"] for line in numerics}
     experts = {x for x in layers if ".mlp.experts.fc1." in x and x.startswith("blocks.0.")}
     assert "blocks.0.attn.qkv" in layers and len(experts) >= 3, sorted(layers)  # 2 worst, max, median
+
+
+def _kernels_group(kernels: str, weight: torch.Tensor):
+    """A BF16 expert group of lowp's TE backend (block 0 fc1 of qwen3_moe_tiny) on `kernels`, holding
+    `weight`, with an fp32 main grad."""
+    from harness.backends import build_backend
+    from harness.train import backend_spec
+
+    over = [*P.RUN, "backend=te", "hardware=auto", "recipe=bf16", f"backend.moe_experts={kernels}"]
+    backend = build_backend(backend_spec(compose_cfg(*over)), torch.device("cuda"))
+    group = backend.build_model().blocks[0].layer.layernorm_mlp.moe.experts.fc1
+    with torch.no_grad():
+        group.weight.copy_(weight)
+    group.weight.main_grad = torch.zeros(group.weight.shape, dtype=torch.float32, device="cuda")
+    return backend, group
+
+
+@pytest.mark.parametrize("splits", [[40, 0, 17, 1, 64, 3, 0, 11], [16] * 8])
+def test_grouped_experts_compute_te_grouped_linears_gemms(splits):
+    """backend.moe_experts=grouped against te: the same output and input gradient (within two bf16 ulps
+    of the larger value: two GEMM libraries' accumulation orders), the main grad to fp32's accumulation
+    order (both add an fp32 wgrad into it; none is rounded to bf16); experts without rows get zero."""
+    torch.manual_seed(0)
+    E, (out, inp) = 8, (64, 64)
+    weight = (torch.randn(E, out * 2, inp) * 0.05).to(torch.bfloat16).cuda()
+    x = torch.randn(sum(splits), inp).to(torch.bfloat16).cuda()
+    dy = torch.randn(sum(splits), out * 2).to(torch.bfloat16).cuda()
+    got = {}
+    for kernels in ("te", "grouped"):
+        backend, group = _kernels_group(kernels, weight)
+        assert ("triton fp32 wgrad" in repr(group)) == (kernels == "grouped")
+        xi = x.clone().requires_grad_(True)
+        with backend.autocast():
+            y = group(xi, splits)
+        y.backward(dy)
+        if kernels == "grouped":
+            assert group.weight.grad is None  # added to main_grad instead, as TE's fused wgrad does
+        got[kernels] = (y.float(), xi.grad.float(), group.weight.main_grad.clone())
+
+    def ulps(a, b, n):
+        return (a - b).abs().max().item() <= n * 2.0 ** (math.floor(math.log2(b.abs().max().item())) - 7)
+
+    (y_te, dx_te, mg_te), (y_t, dx_t, mg_t) = got["te"], got["grouped"]
+    assert ulps(y_t, y_te, 2) and ulps(dx_t, dx_te, 2)
+    assert (mg_t - mg_te).abs().max().item() <= 1e-5 * mg_te.abs().max().item()
+    for e, n in enumerate(splits):
+        if n == 0:
+            assert torch.count_nonzero(mg_t[e]) == 0 and torch.count_nonzero(mg_te[e]) == 0
+
+
+def test_moe_preset_trains_on_grouped_experts(tmp_path):
+    """qwen3_moe_tiny, 50 steps on TE with backend.moe_experts=grouped: the loss falls as on te and
+    run.json records the kernels."""
+    import json
+
+    from harness.train import run
+
+    over = ["model=qwen3_moe_tiny", "backend=te", "hardware=auto", "recipe=bf16", "logger=none", "steps=50"]
+    over += ["log_interval=10", "eval_tokens=2048", "micro_batch_size=8", "global_batch_size=8"]
+    s = run(compose_cfg(*over, "backend.moe_experts=grouped"), tmp_path)
+    assert s.status == "completed" and s.backend == "te"
+    assert math.isfinite(s.final_train_loss) and s.final_train_loss < 5.4
+    kernels = json.loads((tmp_path / "run.json").read_text())["provenance"]["speed_options"]
+    assert kernels["moe_experts"] == "grouped"
+    assert set(kernels["moe_expert_kernels"].values()) == {"torch._grouped_mm + triton fp32 wgrad"}

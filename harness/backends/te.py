@@ -363,6 +363,21 @@ class TEBackend(Backend):
                     )
                 target.copy_(value)
 
+    def _expert_kernels(self) -> dict:
+        """MoE models: backend.moe_experts and what runs each expert group's GEMMs."""
+        from harness.backends.te_moe import KERNELS, expert_kernels
+        from harness.model.moe import moe_layer_pattern
+
+        if self.spec.model.num_moe_experts is None:
+            return {}
+        asked = self.spec.options.moe_experts
+        groups = [
+            f"blocks.{i}.mlp.experts.{fc}"
+            for i, moe in enumerate(moe_layer_pattern(self.spec.model)) if moe for fc in ("fc1", "fc2")
+        ]  # fmt: skip
+        chosen = {g: KERNELS[expert_kernels(asked, self.plan.recipe_for(g))] for g in groups}
+        return {"moe_experts": asked, "moe_expert_kernels": chosen}
+
     def describe(self) -> dict:
         notes, r = [], self.spec.recipe
         if not self.spec.stability.fp8_wgrad and r.backward_override is not None:
@@ -389,6 +404,7 @@ class TEBackend(Backend):
                 "cross_entropy_loss_fusion": self.spec.model.cross_entropy_loss_fusion,
                 "lm_head_loss_chunks": self.spec.model.lm_head_loss_chunks,
                 "step_in_backward": self.spec.optimizer.step_in_backward,
+                **self._expert_kernels(),
             },
             "mapping_notes": notes,
             **self.verification(),

@@ -19,19 +19,26 @@ parameter's `main_grad`, which TE's wgrad GEMM accumulates into (fuse_wgrad_accu
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn as nn
 
+from harness.backends import grouped_gemm
 from harness.config.schema import ModelConfig
 from harness.model.gpt import MLP
 from harness.model.moe import MoE
 
 BF16 = torch.bfloat16
+KERNELS = {"te": "te.GroupedLinear", "grouped": "torch._grouped_mm + triton fp32 wgrad"}
+"""backend.moe_experts -> what runs a BF16 expert group's GEMMs (recorded in run.json)."""
 
 
 class TEGroupedExperts(nn.Module):
     """One expert group: `weight` (num_gemms, out, in) bf16, `forward(x, m_splits)` by TE's
-    GroupedLinear; `align_size`: the rows harness.model.moe.Experts pads each expert to first."""
+    GroupedLinear, or with `kernels="grouped"` (BF16 groups only) by lowp's grouped kernels
+    (harness.backends.grouped_gemm); `align_size`: the rows harness.model.moe.Experts pads each
+    expert to first."""
 
     def __init__(
         self,
@@ -45,14 +52,23 @@ class TEGroupedExperts(nn.Module):
         align_size: int,
         std: float,
         first_microbatch=lambda: None,
+        kernels: str = "te",
     ):
         super().__init__()
-        self.name, self.num_gemms = name, num_gemms
+        self.name, self.num_gemms, self.kernels = name, num_gemms, kernels
         self.in_features, self.out_features = in_features, out_features
         self.align_size, self.first_microbatch = align_size, first_microbatch
         shape = (num_gemms, out_features, in_features)
         self.weight = nn.Parameter(torch.empty(shape, device="cuda", dtype=BF16))
         nn.init.normal_(self.weight, 0.0, std)
+        if kernels == "grouped":
+            if not grouped_gemm.available():
+                raise RuntimeError(
+                    "backend.moe_experts=grouped needs triton on CUDA; "
+                    "install triton or set backend.moe_experts=te"
+                )
+            self.gemm = None
+            return
         self.gemm = te.GroupedLinear(
             num_gemms,
             in_features,
@@ -67,6 +83,10 @@ class TEGroupedExperts(nn.Module):
             delattr(self.gemm, f"weight{i}")
 
     def forward(self, x: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
+        if self.gemm is None:
+            ends = list(itertools.accumulate(m_splits))
+            offs = torch.tensor(ends, dtype=torch.int32).to(x.device, non_blocking=True)
+            return grouped_gemm.GroupedLinear.apply(x.to(BF16), self.weight, offs)
         main_grad = getattr(self.weight, "main_grad", None)
         for i, w in enumerate(self.weight.unbind(0)):
             if main_grad is not None:
@@ -76,7 +96,8 @@ class TEGroupedExperts(nn.Module):
 
     def extra_repr(self) -> str:
         pad = f", rows padded to {self.align_size}" if self.align_size else ""
-        return f"{self.num_gemms} x ({self.in_features}, {self.out_features}), te.GroupedLinear{pad}"
+        kernel = "te.GroupedLinear" if self.gemm is not None else KERNELS["grouped"]
+        return f"{self.num_gemms} x ({self.in_features}, {self.out_features}), {kernel}{pad}"
 
 
 class TEMoEMLP(nn.Module):
@@ -108,6 +129,7 @@ class TEExpertOps:
     def grouped_linear(self, name: str, num_gemms: int, in_features: int, out_features: int) -> nn.Module:
         from harness.backends.emulated import expert_alignment
 
+        recipe = self.backend.plan.recipe_for(name)
         return TEGroupedExperts(
             self.backend.te,
             name,
@@ -115,9 +137,10 @@ class TEExpertOps:
             in_features,
             out_features,
             fuse_wgrad=self.fuse_wgrad,
-            align_size=expert_alignment(self.backend.plan.recipe_for(name)),
+            align_size=expert_alignment(recipe),
             std=self._std(name),
             first_microbatch=self.first_microbatch,
+            kernels=expert_kernels(self.backend.spec.options.moe_experts, recipe),
         )
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
@@ -159,3 +182,9 @@ def moe_mlp(te, backend, cfg: ModelConfig, index: int, fuse_wgrad: bool, first_m
             if p is not None:
                 p.data = p.data.to(BF16)
     return TEMoEMLP(te, cfg, moe)
+
+
+def expert_kernels(asked: str, recipe) -> str:
+    """What runs an expert group's GEMMs: backend.moe_experts for a group that computes in BF16
+    (`recipe` None: the plan's BF16), TE's GroupedLinear for one that quantizes."""
+    return asked if recipe is None else "te"

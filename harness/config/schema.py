@@ -341,6 +341,13 @@ class BackendConfig:
     """backend=te: q, k and v leave the fused QKV output through one autograd node whose backward
     hands attention's packed dQKV buffer back as it is (TE 2.20 selects them one by one: three
     zero-filled full-size copies and two adds a layer). Same numbers, fewer passes."""
+    moe_experts: str = "te"
+    """backend=te, MoE models: what runs the GEMMs of expert groups that compute in BF16: `te` (TE's
+    GroupedLinear, Megatron's TEGroupedMLP: a GEMM per expert, the wgrad added to the fp32 main grad
+    inside its GEMM) or `grouped` (one grouped kernel per pass: torch._grouped_mm for fprop and dgrad,
+    a Triton kernel that adds the fp32 wgrad into the fp32 main grad, as TE's GEMM does). Groups under
+    a quantizing recipe run on TE's GroupedLinear either way (benchmarks/RESULTS.md, "The expert MLP
+    alone")."""
 
 
 @dataclass

@@ -23,7 +23,7 @@ from harness import recipes
 from harness.backends import BackendSpec, build_backend
 from harness.backends.capability import resolve_backend_name, te_blocker
 from harness.backends.hardware import device_for
-from harness.config.schema import Config, ModelConfig, eval_budget
+from harness.config.schema import BackendConfig, Config, ModelConfig, eval_budget
 from harness.data import build_data
 from harness.lifecycle import artifacts as A
 from harness.lifecycle import checkpoint as ckpt
@@ -60,7 +60,11 @@ def rss_gib() -> float:
 
 
 def variant(cfg: Config) -> str:
-    return f"{cfg.stability.name}+{cfg.optimizer.name}"
+    """The run's presets beyond its recipe (stability, optimizer), and the expert kernels where they
+    are not TE's GroupedLinear (backend.moe_experts changes the GEMMs' accumulation order)."""
+    kernels = cfg.backend.moe_experts
+    experts = f"+{kernels}_experts" if kernels != BackendConfig.moe_experts else ""
+    return f"{cfg.stability.name}+{cfg.optimizer.name}{experts}"
 
 
 def seed_everything(seed: int) -> None:

@@ -11,6 +11,8 @@ from harness.model import routing as R
 from harness.model.moe import moe_layer_pattern
 from harness.model.plan import in_int4_scope
 
+MOE_EXPERT_KERNELS = ("te", "grouped")
+"""backend.moe_experts: the kernels of BF16 expert groups on backend=te (harness.backends.te_moe)."""
 _NAMES = {
     "moe_router_score_function": R.SCORE_FUNCTIONS,
     "moe_router_load_balancing_type": R.LOAD_BALANCING_TYPES,
@@ -142,6 +144,14 @@ def moe_support_errors(cfg: Config, te: bool) -> list[str]:
             f"optimizer.fp8_param=true with model.num_moe_experts={m.num_moe_experts} on backend=te: "
             "lowp's TE experts keep bf16 weights (TE quantizes them each step); set "
             "optimizer.fp8_param=false or use backend=emulated"
+        )
+    kernels = cfg.backend.moe_experts
+    if kernels not in MOE_EXPERT_KERNELS:
+        errs.append(f"backend.moe_experts={kernels}: unknown; choose one of {list(MOE_EXPERT_KERNELS)}")
+    elif kernels != "te" and not te:
+        errs.append(
+            f"backend.moe_experts={kernels} with backend={cfg.backend.name} running the emulator: it picks "
+            "the kernels of TE's expert groups; use backend=te or backend.moe_experts=te"
         )
     if m.add_bias_linear:
         errs.append(
