@@ -115,7 +115,7 @@ ADDED: dict[str, Change] = {c.field: c for c in (
     Change("RecipeConfig.nvfp4_4over6_e4m3_use_256", "all", _TE220, "read only with nvfp4_4over6 set"),
     Change("RecipeConfig.nvfp4_4over6_err_mode", "MAE", _TE220, "read only with nvfp4_4over6 set"),
     Change("RecipeConfig.enable_2d_quantization", False, _TE220, "MXFP8 weights had 1x32 blocks"),
-    Change("BackendConfig.moe_experts", "te", "unreleased", "TE's GroupedLinear ran every expert group"),
+    Change("BackendConfig.moe_experts", "te", "965f549", "TE's GroupedLinear ran every expert group"),
 )}
 
 _HEAD = "the FP8 LM head failed the loss check (benchmarks/RESULTS.md, 'Loss checks of the TE options')"
