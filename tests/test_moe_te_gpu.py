@@ -267,10 +267,10 @@ def test_grouped_experts_compute_te_grouped_linears_gemms(splits):
     of the larger value: two GEMM libraries' accumulation orders), the main grad to fp32's accumulation
     order (both add an fp32 wgrad into it; none is rounded to bf16); experts without rows get zero."""
     torch.manual_seed(0)
-    E, (out, inp) = 8, (64, 64)
-    weight = (torch.randn(E, out * 2, inp) * 0.05).to(torch.bfloat16).cuda()
+    E, (out, inp) = 8, (64, 64)  # block 0's fc1 in P.RUN: 8 experts, 2 x 32 gate and value rows, hidden 64
+    weight = (torch.randn(E, out, inp) * 0.05).to(torch.bfloat16).cuda()
     x = torch.randn(sum(splits), inp).to(torch.bfloat16).cuda()
-    dy = torch.randn(sum(splits), out * 2).to(torch.bfloat16).cuda()
+    dy = torch.randn(sum(splits), out).to(torch.bfloat16).cuda()
     got = {}
     for kernels in ("te", "grouped"):
         backend, group = _kernels_group(kernels, weight)
