@@ -59,3 +59,16 @@ def test_grouped_wgrad_kernel_in_tritons_interpreter():
     in_triton_interpreter(
         "from tests.test_moe_kernels import _grouped_wgrad_sums_each_experts_rows as f; f()"
     )
+
+
+def test_megatron_export_notes_the_grouped_expert_kernels():
+    """backend.moe_experts=grouped is no Megatron flag: the export prints the same --moe-grouped-gemm and a
+    `#` line saying lowp's expert kernels differ from Megatron's (TE's GroupedLinear)."""
+    from harness.interop.megatron import megatron_args
+    from tests.helpers import compose_cfg
+
+    argv, notes = megatron_args(compose_cfg("model=qwen3_moe_tiny", "backend.moe_experts=grouped"))
+    assert "--moe-grouped-gemm" in argv
+    assert [n for n in notes if "backend.moe_experts=grouped" in n and "GroupedLinear" in n]
+    _, plain = megatron_args(compose_cfg("model=qwen3_moe_tiny"))
+    assert not [n for n in plain if "moe_experts" in n]

@@ -168,6 +168,12 @@ def model_flags(cfg: Config) -> Part:
     flags = architecture_flags(m, flags) + moe_flags(m)
     if m.num_moe_experts and m.moe_router_padding_for_quantization:
         notes += _router_padding_notes(cfg)
+    if m.num_moe_experts and cfg.backend.moe_experts == "grouped":
+        notes.append(
+            "# backend.moe_experts=grouped: lowp runs BF16 expert groups on torch._grouped_mm (fprop, dgrad) "
+            "and a Triton fp32 wgrad into the main grad; Megatron's --moe-grouped-gemm runs TE's "
+            "GroupedLinear (one cuBLAS GEMM per expert): the same rounding points, another summation order"
+        )
     if _fsdp2(cfg) and not m.untie_embeddings_and_output_weights:
         flags.append((UNTIE, None))  # arguments.py:1044-1045 asserts it under --use-torch-fsdp2
         notes.append(
