@@ -153,3 +153,32 @@ def test_bidirectional_attention_sees_later_tokens_and_flops_count_it():
     cfg = model.cfg
     attn = cfg.num_layers * cfg.hidden_size * cfg.seq_length
     assert flops_per_token(cfg, 100, causal=False) - flops_per_token(cfg, 100) == 6 * attn
+
+
+class _Scripted(torch.nn.Module):
+    """Logits that favour token 7 everywhere, more strongly at later positions; records each input."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x):
+        self.seen.append(x.clone())
+        logits = torch.zeros(*x.shape, 16)
+        logits[..., 7] = torch.arange(x.shape[1], dtype=torch.float32)
+        return logits
+
+
+def test_low_confidence_remasking_fixes_the_most_confident_masked_positions_first():
+    from harness.model.unmask import generate, transfer_counts
+
+    assert transfer_counts(10, 4) == [3, 3, 2, 2]
+    model = _Scripted()
+    prompt = torch.tensor([[1, 2]])
+    out = generate(model, prompt, gen_length=4, steps=2, mask_token=15)
+    assert out.tolist() == [[1, 2, 7, 7, 7, 7]]
+    # step 1 fixed the two most confident (the last two), step 2 the rest
+    assert model.seen[1].tolist() == [[1, 2, 15, 15, 7, 7]]
+    blocks = _Scripted()
+    generate(blocks, prompt, gen_length=4, steps=2, mask_token=15, block_length=2)
+    assert blocks.seen[1].tolist() == [[1, 2, 7, 7, 15, 15]]  # the first block is done before the second
