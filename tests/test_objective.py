@@ -182,3 +182,18 @@ def test_low_confidence_remasking_fixes_the_most_confident_masked_positions_firs
     blocks = _Scripted()
     generate(blocks, prompt, gen_length=4, steps=2, mask_token=15, block_length=2)
     assert blocks.seen[1].tolist() == [[1, 2, 7, 7, 15, 15]]  # the first block is done before the second
+
+
+def test_validation_refuses_bad_objective_fields_in_one_line_each():
+    from harness.model.objective import config_errors
+
+    cfg = ObjectiveConfig(name="masked_diffusion", difflm_varilen_prob=2.0, eps=1.0, eval_t=[0.0])
+    errs = config_errors(cfg, 256, 256)
+    assert [e.split("=")[0] for e in errs] == [
+        "objective.difflm_varilen_prob",
+        "objective.eps",
+        "objective.eval_t",
+        "objective.mask_token",
+    ]
+    assert config_errors(ObjectiveConfig(name="masked_diffusion"), None, 256) == []  # a tokenizer decides
+    assert config_errors(ObjectiveConfig(eps=5.0), 256, 256) == []  # autoregressive reads none of them

@@ -223,6 +223,34 @@ def resolve_mask_token(cfg: ObjectiveConfig, model_vocab: int, data_vocab: int, 
     return token
 
 
+def field_errors(cfg: ObjectiveConfig) -> list[str]:
+    """One line per bad objective field (each naming the option and the fix)."""
+    if cfg.name == AUTOREGRESSIVE:
+        return []
+    errs = []
+    if not 0.0 <= cfg.difflm_varilen_prob <= 1.0:
+        errs.append(
+            f"objective.difflm_varilen_prob={cfg.difflm_varilen_prob}: a share; use a value in [0, 1]"
+        )
+    if not 0.0 <= cfg.eps < 1.0:
+        errs.append(f"objective.eps={cfg.eps}: t ~ U(eps, 1) needs 0 <= eps < 1 (LLaDA: 1e-3)")
+    if not cfg.eval_t or not all(0.0 < t <= 1.0 for t in cfg.eval_t):
+        errs.append(f"objective.eval_t={list(cfg.eval_t)}: mask ratios in (0, 1]; e.g. [0.1,0.3,0.5,0.7,0.9]")
+    return errs
+
+
+def config_errors(cfg: ObjectiveConfig, data_vocab: int | None, model_vocab: int) -> list[str]:
+    """field_errors, and the mask token's room where the data's vocabulary is known from the config
+    (`data_vocab`: a markov or synthetic source's; None: known only once the source is read)."""
+    errs = field_errors(cfg)
+    if cfg.name == MASKED_DIFFUSION and data_vocab is not None:
+        try:
+            resolve_mask_token(cfg, model_vocab, data_vocab, tokenizer=False)
+        except ValueError as exc:
+            errs.append(str(exc))
+    return errs
+
+
 def build_objective(
     cfg: ObjectiveConfig, model_cfg: ModelConfig, data, multiple: int, seed: int, rank: int
 ) -> Autoregressive | MaskedDiffusion:
@@ -231,16 +259,9 @@ def build_objective(
         return Autoregressive()
     if cfg.name != MASKED_DIFFUSION:
         raise ValueError(f"objective.name={cfg.name}: use one of {', '.join(OBJECTIVES)}")
-    if not 0.0 <= cfg.difflm_varilen_prob <= 1.0:
-        raise ValueError(
-            f"objective.difflm_varilen_prob={cfg.difflm_varilen_prob}: a share; use a value in [0, 1]"
-        )
-    if not 0.0 <= cfg.eps < 1.0:
-        raise ValueError(f"objective.eps={cfg.eps}: t ~ U(eps, 1) needs 0 <= eps < 1 (LLaDA: 1e-3)")
-    if not cfg.eval_t or not all(0.0 < t <= 1.0 for t in cfg.eval_t):
-        raise ValueError(
-            f"objective.eval_t={list(cfg.eval_t)}: mask ratios in (0, 1]; e.g. [0.1,0.3,0.5,0.7,0.9]"
-        )
+    errs = field_errors(cfg)
+    if errs:
+        raise ValueError(errs[0])
     tokenizer = "tokenizer" in data.facts
     token = resolve_mask_token(cfg, model_cfg.vocab_size, data.vocab_size, tokenizer)
     return MaskedDiffusion(cfg, token, multiple, seed, rank)
