@@ -38,6 +38,19 @@ def test_a_mask_token_the_data_produces_is_refused_in_one_line(capsys, tmp_path)
     assert "data.vocab_size<=255" in lines[0]
 
 
+def test_analysis_never_groups_masked_diffusion_with_autoregressive_runs(tmp_path):
+    from analysis.pairing import group_key
+    from analysis.run import Run
+
+    def run(objective):
+        config = {"objective": {"name": objective}} if objective else {}
+        return Run(tmp_path, "r", config, {}, None, {"data": "markov", "model": "gpt_tiny"}, {}, {})
+
+    assert run(None).data == run("autoregressive").data == "markov"  # a run from before the objective
+    assert run("masked_diffusion").data == "markov+masked_diffusion"
+    assert group_key(run("masked_diffusion")) != group_key(run("autoregressive"))
+
+
 @pytest.mark.slow
 def test_the_cpu_dlm_sweep_runs_end_to_end_with_its_report(tmp_path):
     """dlm_matrix_cpu cut to one seed and two steps (every arm, with telemetry): 6 jobs in one process."""
@@ -53,4 +66,4 @@ def test_the_cpu_dlm_sweep_runs_end_to_end_with_its_report(tmp_path):
     assert [s["status"] for s in summaries] == ["completed"] * 6
     assert all(s["final_eval_loss"] > s["loss_floor"] > 0 for s in summaries)
     md = (out / "report" / "report.md").read_text()
-    assert "tensorwise" in md and "nvfp4" in md
+    assert "tensorwise" in md and "nvfp4" in md and "markov+masked_diffusion" in md
