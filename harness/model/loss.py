@@ -146,8 +146,8 @@ def weighted_cross_entropy(
             )
         from transformer_engine.pytorch.cross_entropy import parallel_cross_entropy
 
-        per_token = parallel_cross_entropy(
-            logits.contiguous(), targets.long(), reduce_loss=False, overwrite_input=True
+        per_token = parallel_cross_entropy(  # as fused_cross_entropy calls it, one loss per token
+            logits.contiguous(), targets.reshape(-1).long(), reduce_loss=False, overwrite_input=True
         )
         return (per_token.float().reshape(-1) * w).sum()
     nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
