@@ -30,6 +30,10 @@ def test_masked_diffusion_from_llama_exports_and_matches_transformers_bidirectio
     over += ["data.vocab_size=256", "optimizer.lr=1e-3", "checkpoint_interval=0"]
     summary = run(compose_cfg(*over), tmp_path / "run")
     assert summary.status == "completed" and summary.final_eval_loss is not None
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (last,) = [r for r in rows if "loss/eval" in r]
+    per_t = [last[f"loss/eval_at_t/{t}"] for t in ("0.1", "0.3", "0.5", "0.7", "0.9")]
+    assert last["loss/eval"] == pytest.approx(sum(per_t) / 5)  # the bound: their mean
 
     assert main([str(tmp_path / "run"), "--format", "hf", "--out", str(tmp_path / "out")]) == 0
     raw = json.loads((tmp_path / "out" / "config.json").read_text())

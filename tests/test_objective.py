@@ -197,3 +197,16 @@ def test_validation_refuses_bad_objective_fields_in_one_line_each():
     ]
     assert config_errors(ObjectiveConfig(name="masked_diffusion"), None, 256) == []  # a tokenizer decides
     assert config_errors(ObjectiveConfig(eps=5.0), 256, 256) == []  # autoregressive reads none of them
+
+
+def test_each_mask_ratios_eval_loss_is_a_metric_key_analysis_knows():
+    from analysis import keys as A
+    from harness.lifecycle import metrics as M
+    from harness.model.objective import per_t_row
+
+    assert A.LOSS_EVAL_AT_T_PREFIX == M.LOSS_EVAL_AT_T + "/"
+    assert per_t_row({"loss": 1.0, "t=0.1": 2.0, "t=0.9": 3.0}, M.LOSS_EVAL_AT_T) == {
+        "loss/eval_at_t/0.1": 2.0,
+        "loss/eval_at_t/0.9": 3.0,
+    }
+    assert per_t_row({"loss": 1.0}, M.LOSS_EVAL_AT_T) == {}  # autoregressive: loss/eval alone

@@ -201,6 +201,11 @@ class MaskedDiffusion:
         self.micro_batches = int(state["micro_batches"])
 
 
+def per_t_row(result: dict[str, float], prefix: str) -> dict[str, float]:
+    """An eval result's losses per mask ratio as metric keys `<prefix>/<t>` (none for autoregressive)."""
+    return {f"{prefix}/{k[2:]}": v for k, v in result.items() if k.startswith("t=")}
+
+
 def resolve_mask_token(cfg: ObjectiveConfig, model_vocab: int, data_vocab: int, tokenizer: bool) -> int:
     """objective.mask_token checked against the vocabularies: an id the data never produces (one at or
     above data_vocab) inside the model's embedding; a data tokenizer's own id (its reserved token) is

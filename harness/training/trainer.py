@@ -35,7 +35,7 @@ from harness.lifecycle.memory import SavedTensors, breakdown
 from harness.lifecycle.signals import StopRequest
 from harness.model.gpt import count_params, flops_per_token
 from harness.model.moe import Routing
-from harness.model.objective import build_objective, set_causal
+from harness.model.objective import build_objective, per_t_row, set_causal
 from harness.numerics import telemetry as T
 from harness.optim import clip_grad, lr_at, set_lr
 from harness.parallel import process as D
@@ -265,7 +265,10 @@ class Trainer:
         """The objective's eval loss on the held-out set (masked diffusion: its bound over fixed masks)."""
         if not self.eval_set:
             return None
-        return self.objective.evaluate(self.model, self.eval_set, self.backend.autocast, self.device)["loss"]
+        self.last_eval = self.objective.evaluate(
+            self.model, self.eval_set, self.backend.autocast, self.device
+        )
+        return self.last_eval["loss"]
 
     # -- checkpoints: each component's own state_dict, under one tree -----------------------------------
     def _param_names(self) -> list[str]:
@@ -390,6 +393,7 @@ class Trainer:
             return
         summary.final_eval_loss = loss
         row = {M.STEP: step + 1, M.TOKENS: (step + 1) * self.tokens_per_step, M.LOSS_EVAL: loss}
+        row.update(per_t_row(self.last_eval, M.LOSS_EVAL_AT_T))  # masked diffusion: each mask ratio's loss
         self.writer.metrics(row)
         self.logger.log(row)
         log.info("eval  step %d/%d  loss/eval %.4f", step + 1, self.cfg.steps, loss)
