@@ -53,6 +53,7 @@ METRIC_KEYS = (
     MOE_DROPPED_TOKENS,
 )
 NUMERICS_PREFIX = "numerics/"
+LOSS_EVAL_AT_T_PREFIX = "loss/eval_at_t/"  # masked diffusion: the eval loss at each mask ratio t
 """Telemetry summaries inside metrics.jsonl: `numerics/<layer>/<tensor>/<stat>`."""
 
 # Columns of numerics.jsonl.

@@ -93,7 +93,11 @@ class Run:
 
     @property
     def data(self) -> str | None:
-        return self.get("data")
+        """The data's name; a masked-diffusion run's task is another (`markov+masked_diffusion`), so
+        it is never grouped with, or paired against, autoregressive runs of the same data."""
+        data = self.get("data")
+        objective = _name_of(self.config.get("objective")) or "autoregressive"
+        return data if data is None or objective == "autoregressive" else f"{data}+{objective}"
 
     @property
     def seed(self) -> int | None:

@@ -66,6 +66,11 @@ CASES["moe_mixtral_delayed_bias_routed"] = [
     "model.moe_router_enable_expert_bias=true",
     "model.moe_router_padding_for_quantization=true",
 ]
+# masked diffusion (harness.model.objective) under every recipe: bidirectional attention, the mask token
+# past the markov source's 255 ids, and a quarter of the micro-batches cut to a random length
+DLM = ["objective=masked_diffusion", "data.vocab_size=255", "objective.difflm_varilen_prob=0.25"]
+DLM_RECIPES = ("bf16", "delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4", "int4_qat")
+CASES |= {f"dlm_{name}": [*DLM, f"recipe={name}"] for name in DLM_RECIPES}
 
 
 def overrides(name: str) -> list[str]:
@@ -78,9 +83,9 @@ def overrides(name: str) -> list[str]:
 def baseline(name: str) -> str | None:
     """The BF16 case on the same model, which a recipe that fell back to BF16 would reproduce (None:
     no BF16 case of that model)."""
-    if name in ("bf16", "moe_bf16") or name.startswith("moe_mixtral"):
+    if name in ("bf16", "moe_bf16", "dlm_bf16") or name.startswith("moe_mixtral"):
         return None
-    return "moe_bf16" if name.startswith("moe_") else "bf16"
+    return next((f"{p}_bf16" for p in ("moe", "dlm") if name.startswith(f"{p}_")), "bf16")
 
 
 def platform() -> str:

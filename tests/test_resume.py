@@ -41,6 +41,14 @@ RECIPES = {
     "delayed": ["recipe=delayed"],
     "blockwise": ["recipe=blockwise"],
     "nvfp4": ["recipe=nvfp4"],  # stochastic rounding is on by default
+    # masked diffusion: the masks and variable lengths come from the objective's position in the
+    # checkpoint (a third of the micro-batches cut short)
+    "dlm_tensorwise": [
+        "recipe=tensorwise",
+        "objective=masked_diffusion",
+        "data.vocab_size=255",
+        "objective.difflm_varilen_prob=0.3",
+    ],
     # an MoE whose state crosses steps beyond the weights: the router's expert bias and each
     # expert's own delayed-scaling histories
     "moe_delayed": [

@@ -45,7 +45,11 @@ def block_linears(m: ModelConfig, index: int) -> tuple[str, ...]:
 
 class TEBlock(nn.Module):
     """One te.TransformerLayer; `context` (None = inherit the outer autocast) overrides its recipe.
-    `moe_mlp`: an MoE block's MLP (harness.backends.te_moe.TEMoEMLP), in place of its LayerNormMLP."""
+    `moe_mlp`: an MoE block's MLP (harness.backends.te_moe.TEMoEMLP), in place of its LayerNormMLP.
+    `causal` False (harness.model.objective.set_causal): TE's attention with attn_mask_type no_mask,
+    as MegaDLMs' --attention-mask-type no_mask."""
+
+    causal = True
 
     def __init__(
         self,
@@ -98,6 +102,8 @@ class TEBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
         kw = {"rotary_pos_emb": rope, "is_first_microbatch": self.first_microbatch()}
+        if not self.causal:
+            kw["self_attn_mask_type"] = "no_mask"
         if self.context is None:
             return self.layer(x, **kw)
         with self.context():

@@ -395,6 +395,34 @@ class TelemetryConfig:
     lowest of their operands'); the others' rows are summed up as their max and median."""
 
 
+OBJECTIVES = ("autoregressive", "masked_diffusion")
+
+
+@dataclass
+class ObjectiveConfig:
+    """What the model is trained to predict (docs/diffusion.md). MegaDLMs' names where it has them
+    (custom_args/difflm.py: --mask-token, --difflm-varilen-prob); LLaDA's `eps` for the bound on t."""
+
+    name: str = "autoregressive"
+    """autoregressive (next token, causal attention) or masked_diffusion (LLaDA-style: recover the
+    masked tokens of a sequence, bidirectional attention)."""
+    mask_token: int | None = None
+    """Masked diffusion: the input id of a masked token; null = the first id the data never produces
+    (data.vocab_size), which model.vocab_size must leave room for."""
+    difflm_varilen_prob: float = 0.01
+    """Masked diffusion: share of micro-batches cut to a random length (MegaDLMs' default 0.01),
+    rounded up to the recipe's GEMM multiple."""
+    eps: float = 0.0
+    """Masked diffusion: t ~ U(eps, 1) as LLaDA's forward_process, t = (1 - eps) u + eps (LLaDA: 1e-3;
+    MegaDLMs: 0, plain U(0, 1))."""
+    eval_t: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])
+    """Masked diffusion: the fixed mask ratios of every eval; loss/eval is the mean of their masked-token
+    losses (the midpoint rule for the objective's bound)."""
+    eval_mask_seed: int = 0
+    """Masked diffusion: seed of the eval masks, not the run's seed, so every seed and recipe meets
+    the same masks."""
+
+
 RESUME_MODES = ("auto", "never", "must")
 PARALLEL_STRATEGIES = ("none", "ddp", "fsdp2")
 
@@ -437,6 +465,7 @@ class Config:
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     name: str | None = None
     """Run name (W&B name); null = derived from recipe and seed."""
     seed: int = 0

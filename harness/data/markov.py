@@ -5,13 +5,20 @@ successors per token), so a model can learn the bigram table and nothing more; t
 per-token loss is the entropy rate H = -sum_i pi_i sum_j P_ij ln P_ij (nats), pi the stationary
 distribution. (The first position of each window has no context; its floor is the marginal
 entropy H(pi), reported as `marginal_entropy`.)
+
+For the masked-diffusion objective the floor is the exact posterior of each masked token given the
+unmasked ones (`masked_token_nll`): in a Markov chain it depends only on the nearest unmasked
+neighbours u (a steps left) and w (b steps right), p(k) ~ P^a[u, k] P^b[k, w] (pi in place of P^a[u]
+with no left neighbour, 1 in place of P^b[:, w] with none to the right).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
+import torch
 
 from harness.config.schema import DataConfig
 from harness.data.base import StreamData, check_eval_fraction, config_error, fingerprint, split_stream
@@ -71,6 +78,33 @@ def sample_stream(
     return out.ravel()[:num_tokens]
 
 
+def masked_token_nll(
+    P: np.ndarray, pi: np.ndarray, x: torch.Tensor, mask: torch.Tensor, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """(B, T) float64: -ln p(x_i | the unmasked tokens of its row) at masked positions, 0 elsewhere,
+    for windows x (B, T) of the stationary chain. Messages from each side, one V x V product per
+    position: left_i = (e_{x_{i-1}} or left_{i-1}) P from pi, right_i = P (e_{x_{i+1}} or right_{i+1})
+    from ones; the posterior is left_i * right_i normalised. (Exact up to the chain joins: one
+    transition in CHAIN_LENGTH is not Markov.)"""
+    Pt = torch.as_tensor(P, dtype=torch.float64, device=device)
+    x, mask = x.to(device).long(), mask.to(device)
+    B, T = x.shape
+    V = Pt.shape[0]
+    onehot = torch.nn.functional.one_hot(x, V).double()  # (B, T, V)
+    left = torch.empty(B, T, V, dtype=torch.float64, device=device)
+    left[:, 0] = torch.as_tensor(pi, dtype=torch.float64, device=device)
+    for i in range(1, T):
+        prev = torch.where(mask[:, i - 1, None], left[:, i - 1], onehot[:, i - 1])
+        left[:, i] = prev @ Pt
+    right = torch.ones(B, T, V, dtype=torch.float64, device=device)
+    for i in range(T - 2, -1, -1):
+        nxt = torch.where(mask[:, i + 1, None], right[:, i + 1], onehot[:, i + 1])
+        right[:, i] = nxt @ Pt.T
+    post = left * right
+    p = post.gather(2, x[..., None]).squeeze(2) / post.sum(dim=2)
+    return torch.where(mask, -torch.log(p), torch.zeros_like(p)).cpu()
+
+
 def build(cfg: DataConfig, vocab_size: int, seq_length: int) -> StreamData:
     V = vocab_size
     option = f"data.vocab_size={cfg.vocab_size}" if cfg.vocab_size is not None else "data.vocab_size=null"
@@ -94,7 +128,7 @@ def build(cfg: DataConfig, vocab_size: int, seq_length: int) -> StreamData:
     train, eval = split_stream(stream, cfg.eval_fraction)
     params = {"name": "markov", "vocab_size": V, "alpha": cfg.alpha, "seed": cfg.seed}
     params["num_tokens"] = cfg.num_tokens
-    return StreamData(
+    data = StreamData(
         "markov",
         V,
         seq_length,
@@ -110,3 +144,5 @@ def build(cfg: DataConfig, vocab_size: int, seq_length: int) -> StreamData:
             "chain_length": CHAIN_LENGTH,
         },
     )
+    data.masked_token_nll = functools.partial(masked_token_nll, P, pi)  # the masked-diffusion floor
+    return data

@@ -26,6 +26,11 @@ Embeddings, norms, the LM head, the MoE router and Qwen2-MoE's shared-expert gat
 format (as in miles' converters); each routed expert's matrices are quantized on their own, like
 any linear (FP8: 128x128 tiles of that expert's matrix; INT4: groups along its rows).
 
+A masked-diffusion model (objective=masked_diffusion, docs/diffusion.md) exports as its base
+architecture with `lowp_objective: masked_diffusion` and `mask_token_id` in config.json: the same
+weights and layers, to be run with an all-ones attention mask (no causal mask) and the mask token in
+the positions to predict, each predicted at its own position (no next-token shift).
+
 Beside the weights, what a server needs to generate (a servable directory, not only a loadable one):
 - from the config the run was imported from (`model=hf model.hf_config=DIR`), when it is still
   there: `bos/eos/pad_token_id`, `max_position_embeddings` (not the training sequence length) and
@@ -444,6 +449,20 @@ def write_generation_config(hf_cfg, src: Path | None, out: str) -> None:
     gen.save_pretrained(out)
 
 
+def objective_fields(objective: dict, data: dict) -> dict:
+    """config.json's keys of a masked-diffusion run: lowp_objective and its mask token's id (the
+    data's vocabulary size where objective.mask_token was null, as the trainer resolved it)."""
+    from harness.model.objective import MASKED_DIFFUSION
+
+    if objective.get("name") != MASKED_DIFFUSION:
+        return {}
+    token = objective.get("mask_token")
+    return {
+        "lowp_objective": MASKED_DIFFUSION,
+        "mask_token_id": data["vocab_size"] if token is None else token,
+    }
+
+
 def export(
     run_dir: str, fmt: str, out: str, group_size: int | None = None, fp32_scales: bool | None = None
 ) -> dict:
@@ -467,6 +486,7 @@ def export(
         warnings.append(check_serving_group(group))
     tensors = quantize_state(sd, fmt, power_2, group)
     hf_cfg.architectures = [arch]
+    hf_cfg.update(objective_fields(cfg.get("objective") or {}, rj["provenance"]["data"]))
     qc = quantization_config(fmt, group, moe=bool(m.num_moe_experts))
     if qc is not None:
         hf_cfg.quantization_config = qc

@@ -62,6 +62,7 @@ IGNORED = {
     "label2id", "problem_type", "tokenizer_class", "task_specific_params", "model_type", "auto_map",
     "_attn_implementation_autoset", "unsloth_fixed", "max_window_layers", "generation_config",
     "output_router_logits",
+    "lowp_objective", "mask_token_id",  # a masked-diffusion export's objective: the run's objective group
 }  # fmt: skip
 # max_window_layers only matters with sliding windows, which are refused
 

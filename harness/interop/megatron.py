@@ -29,6 +29,8 @@ from harness.backends.capability import te_backward_override
 from harness.config.errors import ConfigError
 from harness.config.schema import Config, RecipeConfig, eval_budget
 from harness.interop.megatron_arch import UNTIE, architecture_flags, moe_flags
+from harness.interop.megatron_difflm import difflm_command
+from harness.model.objective import MASKED_DIFFUSION
 
 Flag = tuple[str, object]  # (flag, value); value None for a store_true flag
 Part = tuple[list[Flag], list[str]]  # (flags, `#` comment lines)
@@ -616,6 +618,11 @@ def _flag_lines(argv: list[str]) -> list[str]:
 def render(cfg: Config, fmt: str = "sh") -> str:
     """`sh`: comments, then one runnable torchrun command; `args`: comments, then a flag a line."""
     argv, notes = megatron_args(cfg)
+    script = '"${MEGATRON_LM:?a Megatron-LM checkout}/pretrain_gpt.py"'
+    if (
+        cfg.objective.name == MASKED_DIFFUSION
+    ):  # MegaDLMs' pretrain_difflm.py (harness.interop.megatron_difflm)
+        argv, notes, script = difflm_command(cfg.objective, cfg.recipe, cfg.data, cfg.model, argv, notes)
     notes = [textwrap.fill(n, 108, subsequent_indent="#   ", break_on_hyphens=False) for n in notes]
     lines = _flag_lines(argv)
     if fmt == "args":
@@ -625,7 +632,7 @@ def render(cfg: Config, fmt: str = "sh") -> str:
         [
             *env,
             f"torchrun --nproc-per-node {data_parallel_size(cfg)}",
-            '"${MEGATRON_LM:?a Megatron-LM checkout}/pretrain_gpt.py"',
+            script,
         ]
     )
     return "\n".join([*notes, " \\\n  ".join([head, *lines])])

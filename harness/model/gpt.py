@@ -144,17 +144,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.to(x.dtype)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
     """SDPA in the operands' dtype; on a CPU in fp32 (no fast bf16 kernel there), rounded back.
+    `causal=False`: every position attends to every other (a masked-diffusion model's attention).
     On CUDA cuDNN's fused attention comes first where it applies: TE's DotProductAttention runs
     cuDNN's on Hopper too, and at the 1.4B shape it is faster than the flash kernel (H200: 26.5 vs
     47.5 ms a step, benchmarks/RESULTS.md)."""
     if q.is_cuda:
         with _cuda_sdpa_order():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     if q.dtype == torch.float32:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     return y.to(q.dtype)
 
 
@@ -177,7 +178,10 @@ def head_dims(cfg: ModelConfig) -> tuple[int, int, int]:
 
 class Attention(nn.Module):
     """Causal self-attention with grouped-query heads, optional QK norm (before RoPE, as Megatron's
-    qk_layernorm and Qwen3) and optional QKV-only bias (Megatron's add_qkv_bias, Qwen2)."""
+    qk_layernorm and Qwen3) and optional QKV-only bias (Megatron's add_qkv_bias, Qwen2).
+    `causal` False (harness.model.objective.set_causal): bidirectional, as a masked-diffusion LM."""
+
+    causal = True
 
     def __init__(self, cfg: ModelConfig, ops: Ops, prefix: str):
         super().__init__()
@@ -207,7 +211,7 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])
         if G != H:  # each group's key/value serves its H/G query heads
             k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
-        y = causal_attention(q, k, v)  # (B, H, T, D)
+        y = causal_attention(q, k, v, self.causal)  # (B, H, T, D)
         return self.proj(y.transpose(1, 2).reshape(B, T, H * D))
 
 
@@ -335,11 +339,13 @@ def count_params(model: nn.Module) -> dict[str, int]:
     }
 
 
-def flops_per_token(cfg: ModelConfig, non_embedding_params: int) -> float:
-    """Model FLOPs per token: 6*N + causal attention 6*L*h*seq (anchors.md's count), h the width of
+def flops_per_token(cfg: ModelConfig, non_embedding_params: int, causal: bool = True) -> float:
+    """Model FLOPs per token: 6*N + causal attention 6*L*h*seq (anchors.md's count; full attention,
+    `causal=False`, twice that: 12*L*h*seq, Megatron's count without the causal halving), h the width of
     the attention (heads x head size: the model width unless kv_channels says otherwise). For an MoE
     model N is the parameters a token uses (count_params' active_non_embedding): its top-k routed
     experts, the shared expert and the router, as Megatron's num_floating_point_operations counts
     the top-k and shared experts (which leaves out the router's h x E GEMM and the norms, in lowp's 6N)."""
     heads, _, head_dim = head_dims(cfg)
-    return 6 * non_embedding_params + 6 * cfg.num_layers * heads * head_dim * cfg.seq_length
+    attention = 6 if causal else 12
+    return 6 * non_embedding_params + attention * cfg.num_layers * heads * head_dim * cfg.seq_length

@@ -17,6 +17,11 @@ d(hidden) and d(W) are kept for backward. Peak extra memory: one chunk's logits 
 The numbers are the whole path's up to the order of fp32 additions: the same bf16 logits, fp32
 log-softmax, bf16 logit gradients, bf16 GEMMs accumulating in fp32; d(W) sums the chunks in fp32
 and is rounded once, to the weight's dtype.
+
+Weighted (`weighted_cross_entropy`): sum_i w_i CE_i with per-token weights, the masked-diffusion
+objective's loss (harness.model.objective), on each of the three paths: whole logits, TE's fused
+kernel (per-token losses, a per-token grad_output), or chunks (each chunk's gradient scaled by its
+rows' weights instead of 1/n).
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, targets, chunks: int):
+    def forward(ctx, h, weight, targets, chunks: int, row_weights=None):
         n = h.shape[0]
         h16, w16 = h.to(BF16), weight.to(BF16)
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
@@ -84,17 +89,20 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             t = targets[s:e]
             logits = _mm(h16[s:e], w16.t()).float()  # (rows, V): the LM head's bf16 logits
             lse = torch.logsumexp(logits, dim=-1)
-            total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            nll = lse - logits.gather(1, t[:, None]).squeeze(1)
+            w = None if row_weights is None else row_weights[s:e].float()
+            total += nll.sum() if w is None else (nll * w).sum()
             if need_grad:
                 logits.sub_(lse[:, None]).exp_()  # softmax, in place
                 logits[torch.arange(e - s, device=t.device), t] -= 1.0
-                g16 = logits.div_(n).to(BF16)  # d(mean loss)/d(logits), as the bf16 logits receive it
+                # d(loss)/d(logits), as the bf16 logits receive it: mean (1/n) or weighted
+                g16 = (logits.div_(n) if w is None else logits.mul_(w[:, None])).to(BF16)
                 del logits
                 grad_h[s:e] = _mm(g16, w16)
                 grad_w += _mm_fp32_out(g16.t(), h16[s:e])
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = (h.dtype, weight.dtype)
-        return total / n
+        return total / n if row_weights is None else total
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -102,7 +110,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         h_dtype, w_dtype = ctx.dtypes
         dh = (grad_h.float() * grad_out).to(h_dtype) if ctx.needs_input_grad[0] else None
         dw = (grad_w * grad_out).to(w_dtype) if ctx.needs_input_grad[1] else None
-        return dh, dw, None, None
+        return dh, dw, None, None, None
 
 
 def chunked_linear_cross_entropy(
@@ -113,3 +121,34 @@ def chunked_linear_cross_entropy(
     if chunks < 1:
         raise ValueError(f"model.lm_head_loss_chunks={chunks}: use 0 (whole logits) or a positive count")
     return _ChunkedLinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1), chunks)
+
+
+def weighted_cross_entropy(
+    h: torch.Tensor,
+    lm_head: torch.nn.Module,
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+    chunks: int = 0,
+    fused: bool = False,
+) -> torch.Tensor:
+    """sum_i weights_i * CE(lm_head(h)_i, targets_i) in fp32. h: (B, T, C); targets, weights: (B, T).
+    `chunks` > 0: the chunked LM head and loss; `fused`: TE's kernel; else the whole logits."""
+    w = weights.reshape(-1).float()
+    if chunks > 0:
+        flat = h.reshape(-1, h.shape[-1])
+        return _ChunkedLinearCrossEntropy.apply(flat, lm_head.weight, targets.reshape(-1), chunks, w)
+    logits = lm_head(h)  # (B, T, V)
+    if fused:
+        if not logits.is_cuda:
+            raise ValueError(
+                "model.cross_entropy_loss_fusion=true needs the logits on a CUDA GPU (TE's Triton kernel); "
+                "set model.cross_entropy_loss_fusion=false"
+            )
+        from transformer_engine.pytorch.cross_entropy import parallel_cross_entropy
+
+        per_token = parallel_cross_entropy(  # as fused_cross_entropy calls it, one loss per token
+            logits.contiguous(), targets.reshape(-1).long(), reduce_loss=False, overwrite_input=True
+        )
+        return (per_token.float().reshape(-1) * w).sum()
+    nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+    return (nll * w).sum()

@@ -35,6 +35,7 @@ from harness.lifecycle.memory import SavedTensors, breakdown
 from harness.lifecycle.signals import StopRequest
 from harness.model.gpt import count_params, flops_per_token
 from harness.model.moe import Routing
+from harness.model.objective import build_objective, per_t_row, set_causal
 from harness.numerics import telemetry as T
 from harness.optim import clip_grad, lr_at, set_lr
 from harness.parallel import process as D
@@ -152,10 +153,19 @@ class Trainer:
         self.optimizer = self.parallel.build_optimizer(self.model, cfg.optimizer)
         self.backend.prepare(self.model, self.optimizer)
         self.moe = Routing(self.model)  # MoE layers' router losses and expert biases (none: dense)
+        self.objective = build_objective(
+            cfg.objective,
+            cfg.model,
+            self.data,
+            recipes.get(cfg.recipe.name).gemm_multiple,
+            cfg.seed,
+            self.dist.rank,
+        )
+        set_causal(self.model, self.objective.causal)
         self.accum = cfg.global_batch_size // (cfg.micro_batch_size * self.dist.world)
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
         n = count_params(self.model)
-        self.flops_per_token = flops_per_token(cfg.model, n["active_non_embedding"])
+        self.flops_per_token = flops_per_token(cfg.model, n["active_non_embedding"], self.objective.causal)
         self.params = n
         self.batches = self.data.train_batches(
             cfg.micro_batch_size, seed=cfg.seed, rank=self.dist.rank, world=self.dist.world
@@ -219,7 +229,7 @@ class Trainer:
                     else None
                 )
                 with self.backend.autocast():
-                    loss = self.model.loss(x, y) / scale
+                    loss = self.objective.loss(self.model, x, y) / scale
                     router_loss = self.moe.take_losses(self.accum)  # MoE: in the objective, not the loss
                 (loss if router_loss is None else loss + router_loss / scale).backward()
             if self.saved_bytes is None:
@@ -256,13 +266,13 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
+        """The objective's eval loss on the held-out set (masked diffusion: its bound over fixed masks)."""
         if not self.eval_set:
             return None
-        losses = []
-        for x, y in self.eval_set:
-            with self.backend.autocast():
-                losses.append(self.model.loss(x.to(self.device), y.to(self.device)))
-        return torch.stack(losses).mean().item()
+        self.last_eval = self.objective.evaluate(
+            self.model, self.eval_set, self.backend.autocast, self.device
+        )
+        return self.last_eval["loss"]
 
     # -- checkpoints: each component's own state_dict, under one tree -----------------------------------
     def _param_names(self) -> list[str]:
@@ -281,6 +291,7 @@ class Trainer:
             "metrics": self.metrics.state_dict(),
             "divergence": self.divergence.state_dict(),
             "rng": rng_state(),
+            "objective": self.objective.state_dict(),
             "summary": {
                 "final_train_loss": summary.final_train_loss,
                 "final_eval_loss": summary.final_eval_loss,
@@ -297,6 +308,7 @@ class Trainer:
         self.micro_batches_seen = self.batches.position
         self.metrics.load_state_dict(state["metrics"])
         self.divergence.load_state_dict(state["divergence"])
+        self.objective.load_state_dict(state.get("objective") or {"micro_batches": self.micro_batches_seen})
         for key, value in state["summary"].items():
             setattr(summary, key, value)
         summary.steps, summary.tokens = state["step"], state["step"] * self.tokens_per_step
@@ -385,6 +397,7 @@ class Trainer:
             return
         summary.final_eval_loss = loss
         row = {M.STEP: step + 1, M.TOKENS: (step + 1) * self.tokens_per_step, M.LOSS_EVAL: loss}
+        row.update(per_t_row(self.last_eval, M.LOSS_EVAL_AT_T))  # masked diffusion: each mask ratio's loss
         self.writer.metrics(row)
         self.logger.log(row)
         log.info("eval  step %d/%d  loss/eval %.4f", step + 1, self.cfg.steps, loss)
@@ -405,7 +418,7 @@ class Trainer:
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         if peak is not None:
             peak = int(self.dist.max_scalar(float(peak), self.device))  # the fullest rank
-        summary.loss_floor = self.data.loss_floor
+        summary.loss_floor = self.objective.loss_floor(self.data, self.eval_set, self.device)
         summary.memory = breakdown(
             self.model,
             self.optimizer,

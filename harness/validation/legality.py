@@ -12,6 +12,7 @@ from harness.backends.te_options import option_errors
 from harness.config import schema
 from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
 from harness.data import SOURCES
+from harness.model.objective import config_errors as objective_errors
 from harness.model.plan import OVERRIDE_FIELDS
 from harness.validation.moe_rules import moe_errors, moe_name_errors
 from harness.validation.recipe_fields import field_errors, value_names, wgrad_conflicts
@@ -39,6 +40,7 @@ NAMES = {
     "resume": schema.RESUME_MODES,
     "parallel.strategy": schema.PARALLEL_STRATEGIES,
     "parallel.backend": ("auto", "gloo", "nccl"),
+    "objective.name": schema.OBJECTIVES,
 }
 
 
@@ -289,8 +291,17 @@ def _size_errors(cfg: Config) -> list[str]:
     return errs
 
 
+def config_vocab(d: schema.DataConfig, m: ModelConfig) -> int | None:
+    """The data's vocabulary where the config alone sets it, for the sources that draw their own ids
+    (markov, synthetic): data.vocab_size, else the model's; None where files or a tokenizer decide."""
+    if d.name not in ("markov", "synthetic"):
+        return None
+    return d.vocab_size if d.vocab_size is not None else m.vocab_size
+
+
 def _shape_errors(cfg: Config) -> list[str]:
     errs = _attention_errors(cfg.model) + moe_errors(cfg)
+    errs += objective_errors(cfg.objective, config_vocab(cfg.data, cfg.model), cfg.model.vocab_size)
     if cfg.steps < 1:
         errs.append(f"steps={cfg.steps}: must be >= 1")
     return errs
