@@ -115,6 +115,8 @@ ADDED: dict[str, Change] = {c.field: c for c in (
     Change("RecipeConfig.nvfp4_4over6_e4m3_use_256", "all", _TE220, "read only with nvfp4_4over6 set"),
     Change("RecipeConfig.nvfp4_4over6_err_mode", "MAE", _TE220, "read only with nvfp4_4over6 set"),
     Change("RecipeConfig.enable_2d_quantization", False, _TE220, "MXFP8 weights had 1x32 blocks"),
+    Change("TelemetryConfig.candidates", [], "unreleased", "no counterfactual rows; training never reads it"),
+    Change("StabilityConfig.plan_file", None, "unreleased", "no plan: the overrides were all there was"),
 )}
 
 _HEAD = "the FP8 LM head failed the loss check (benchmarks/RESULTS.md, 'Loss checks of the TE options')"
