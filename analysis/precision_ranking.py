@@ -1,0 +1,171 @@
+"""Which modules each candidate format hurts: ranking tables from counterfactual telemetry and ablations.
+
+    cf = counterfactual_frame(runs)          # every run's candidate rows (telemetry.candidates)
+    scores = module_scores(cf)               # one row per (module, candidate), worst first
+    gains = ablation_gains(runs)             # a plan_ablation sweep: the loss each BF16 group saves
+
+A module's score for a candidate is, in dB, the worst of three figures averaged over telemetry steps
+and runs: the SQNR of its GEMM outputs (-20 log10 of the relative error against the high-precision
+GEMM, over fprop, dgrad and wgrad), the SQNR of its operands (input, weight, grad), and the flush
+figure -10 log10(fraction of non-zeros flushed to zero): a format that zeroes most of a tensor loses
+information that the energy-weighted SQNR hides when a few large channels carry the energy (LLM.int8()'s
+outlier features). Saturation and the spread of block scales are shown, not scored: a block format
+puts each block's largest element at the largest code by design.
+
+These are tables only; `python -m harness.plan` turns them into a plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis import keys as K
+
+SCORE = "score_db"
+GEMM_SQNR = "gemm_sqnr_db"
+OPERAND_SQNR = "operand_sqnr_db"
+FLUSH = "flush_db"
+MODULE_COLUMNS = (
+    K.TELEMETRY_LAYER, K.TELEMETRY_CANDIDATE, SCORE, GEMM_SQNR, OPERAND_SQNR, FLUSH, "worst_gemm",
+    "worst_operand", "flushed_operand", "underflow", "saturation", K.TELEMETRY_SCALE_SPREAD, "runs",
+)  # fmt: skip
+
+
+def counterfactual_frame(runs) -> pd.DataFrame:
+    """The candidates' rows of every run of `runs` (analysis.load), with the run's name and seed."""
+    from analysis.telemetry import load_counterfactual
+
+    frames = []
+    for r in runs.objects:
+        rows = load_counterfactual(r)
+        if rows:
+            df = pd.DataFrame.from_records(rows)
+            df.insert(0, "run", r.name)
+            df.insert(1, "seed", r.seed)
+            frames.append(df)
+    if not frames:
+        return pd.DataFrame(
+            columns=["run", "seed", "step", K.TELEMETRY_LAYER, K.TELEMETRY_TENSOR, K.TELEMETRY_CANDIDATE]
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def _db(x: float, scale: float) -> float:
+    """-scale * log10(x): inf where x is 0."""
+    return math.inf if x <= 0 else -scale * math.log10(x)
+
+
+def module_scores(cf: pd.DataFrame) -> pd.DataFrame:
+    """One row per (module, candidate): score_db and its parts, worst first (lowest score_db)."""
+    if not len(cf):
+        return pd.DataFrame(columns=list(MODULE_COLUMNS))
+    cf = cf.copy()
+    for col in ("sqnr_db", "underflow", "saturation", K.TELEMETRY_REL_ERR, K.TELEMETRY_SCALE_SPREAD):
+        cf[col] = pd.to_numeric(cf[col], errors="coerce") if col in cf else np.nan
+    keys = [K.TELEMETRY_LAYER, K.TELEMETRY_CANDIDATE]
+    # the mean over telemetry steps and runs, per (module, candidate, tensor)
+    finite = cf.replace([np.inf, -np.inf], np.nan)
+    mean = finite.groupby([*keys, K.TELEMETRY_TENSOR], sort=False).agg(
+        sqnr_db=("sqnr_db", "mean"), underflow=("underflow", "mean"), saturation=("saturation", "mean"),
+        rel_err=(K.TELEMETRY_REL_ERR, "mean"), spread=(K.TELEMETRY_SCALE_SPREAD, "mean"),
+        runs=("run", "nunique"),
+    ).reset_index()  # fmt: skip
+    out = []
+    for (layer, cand), g in mean.groupby(keys, sort=False):
+        gemms = g[g[K.TELEMETRY_TENSOR].isin(K.TELEMETRY_GEMMS)]
+        ops = g[~g[K.TELEMETRY_TENSOR].isin(K.TELEMETRY_GEMMS)]
+        gemm_db = {t: _db(e, 20) for t, e in zip(gemms[K.TELEMETRY_TENSOR], gemms["rel_err"]) if e == e}
+        op_db = {t: s for t, s in zip(ops[K.TELEMETRY_TENSOR], ops["sqnr_db"]) if s == s}
+        has_flush = len(ops) and ops["underflow"].notna().any()
+        flush = float(ops["underflow"].max()) if has_flush else 0.0
+        flushed = (
+            ops[K.TELEMETRY_TENSOR].iloc[int(ops["underflow"].to_numpy().argmax())] if has_flush else None
+        )
+        worst_gemm = min(gemm_db, key=gemm_db.get) if gemm_db else None
+        worst_op = min(op_db, key=op_db.get) if op_db else None
+        parts = (gemm_db.get(worst_gemm, math.inf), op_db.get(worst_op, math.inf), _db(flush, 10))
+        out.append({
+            K.TELEMETRY_LAYER: layer, K.TELEMETRY_CANDIDATE: cand, SCORE: min(parts), GEMM_SQNR: parts[0],
+            OPERAND_SQNR: parts[1], FLUSH: parts[2], "worst_gemm": worst_gemm, "worst_operand": worst_op,
+            "flushed_operand": flushed, "underflow": flush,
+            "saturation": float(ops["saturation"].max()) if len(ops) else np.nan,
+            K.TELEMETRY_SCALE_SPREAD: float(ops["spread"].max()) if len(ops) else np.nan,
+            "runs": int(g["runs"].max()),
+        })  # fmt: skip
+    return pd.DataFrame(out).sort_values([SCORE, K.TELEMETRY_LAYER], kind="stable").reset_index(drop=True)
+
+
+def ablation_gains(runs, uniform_arm: str = "uniform", metric: str = "final_eval_loss") -> pd.DataFrame:
+    """A plan_ablation sweep (arms `uniform` and `bf16-<group>`, each moving one module group to BF16):
+    per group, the mean `metric` over seeds and its gain (the uniform arm's minus the group's: > 0 when
+    BF16 there helps), best first. Arms are read from the run names (`<arm>-s<seed>`)."""
+    df = runs.runs.copy()
+    if not len(df):
+        return pd.DataFrame(columns=["group", "loss", "gain", "seeds"])
+    arm = df["config.name"].astype(str).str.replace(r"-s\d+$", "", regex=True)
+    df = df.assign(arm=arm, loss=pd.to_numeric(df[metric], errors="coerce"))
+    means = df.groupby("arm")["loss"].agg(["mean", "count"])
+    if uniform_arm not in means.index:
+        return pd.DataFrame(columns=["group", "loss", "gain", "seeds"])
+    base = means.loc[uniform_arm, "mean"]
+    patterns = (
+        df.groupby("arm")["config.stability.overrides"].first() if "config.stability.overrides" in df else {}
+    )
+    rows = [
+        {"group": a.removeprefix("bf16-"), "loss": m["mean"], "gain": base - m["mean"],
+         "seeds": int(m["count"]),
+         "patterns": [o["pattern"] for o in (patterns.get(a) or []) if isinstance(o, dict)]}
+        for a, m in means.iterrows()
+        if a.startswith("bf16-")
+    ]  # fmt: skip
+    return pd.DataFrame(rows).sort_values("gain", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def report_section(runs) -> str:
+    """Markdown: the module ranking of the runs' counterfactual rows (worst 20 per candidate); empty
+    where no run has any."""
+    scores = module_scores(counterfactual_frame(runs))
+    if not len(scores):
+        return ""
+    cols = [
+        K.TELEMETRY_LAYER,
+        SCORE,
+        GEMM_SQNR,
+        OPERAND_SQNR,
+        FLUSH,
+        "worst_gemm",
+        "worst_operand",
+        "underflow",
+    ]
+    lines = ["", "## Which modules each candidate format hurts (counterfactual telemetry)", "",
+             "score_db: the worst of the GEMM outputs' SQNR, the operands' SQNR and -10 log10(flushed "
+             "fraction), dB, mean over telemetry steps and runs (analysis/precision_ranking.py); "
+             "lowest first.", ""]  # fmt: skip
+    for cand, g in scores.groupby(K.TELEMETRY_CANDIDATE, sort=False):
+        lines += [f"### {cand}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in g.head(20).itertuples(index=False):
+            d = r._asdict()
+            lines.append("| " + " | ".join(_cell(d[c]) for c in cols) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:.3g}"
+    return "" if v is None else str(v)
+
+
+def append_to_report(runs, out) -> None:
+    """Add the ranking section to OUT/report.md and write OUT/precision_ranking.csv (runs with
+    counterfactual rows only)."""
+    from pathlib import Path
+
+    section = report_section(runs)
+    if section:
+        module_scores(counterfactual_frame(runs)).to_csv(Path(out) / "precision_ranking.csv", index=False)
+        with open(Path(out) / "report.md", "a", encoding="utf-8") as f:
+            f.write(section + "\n")

@@ -1,0 +1,164 @@
+"""The precision plan from counterfactual telemetry: it finds a layer with LLM.int8()-style outlier
+channels from telemetry alone, loads as `stability=plan`, and its Megatron file passes Megatron's
+own loader (a Megatron-LM tree named by LOWP_MEGATRON, e.g. from `git archive HEAD megatron`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.interop.megatron_precision import NotExpressible, megatron_path, precision_config
+from harness.plan import main
+from harness.train import run
+from tests.helpers import TINY, compose_cfg
+from tests.outliers import outliers_in
+
+OUTLIER_LAYER = "blocks.1.mlp.fc1"
+CPU = [*TINY, "eval_interval=0", "checkpoint_interval=0", "backend=emulated", "hardware=cpu"]
+RUN = [*CPU, "steps=2", "log_interval=1", "telemetry_interval=1", "recipe=bf16",
+       "telemetry.candidates=[nvfp4,mxfp8]"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def outlier_run(tmp_path_factory):
+    """A BF16 run of gpt_tiny whose blocks.1.mlp.fc1 input has 4 outlier channels (20-60x)."""
+    d = tmp_path_factory.mktemp("outliers")
+    with outliers_in(OUTLIER_LAYER, channels=4, seed=0):
+        assert run(compose_cfg(*RUN), d).status == "completed"
+    return d
+
+
+def _plan(run_dir: Path, out: Path, *args: str) -> dict:
+    assert main([str(run_dir), *args, "--out", str(out)]) == 0
+    return yaml.safe_load(out.read_text())
+
+
+def test_the_plan_finds_the_outlier_layer_from_telemetry_alone(outlier_run, tmp_path):
+    plan = _plan(outlier_run, tmp_path / "plan.yaml", "--goal", "max-bf16-modules", "--k", "1",
+                 "--candidate", "nvfp4")  # fmt: skip
+    assert [m for m, r in plan["modules"].items() if r == "bf16"] == [OUTLIER_LAYER]
+    assert plan["goal"] == "max-bf16-modules" and plan["inputs"]["k"] == 1
+    assert plan["inputs"]["runs"] == [str(outlier_run.resolve())]
+    worst = plan["ranking"][0]
+    assert worst["layer"] == OUTLIER_LAYER and worst["flushed_operand"] == "input"
+    assert worst["underflow"] > 2 * plan["ranking"][1]["underflow"]  # NVFP4 flushes the outliers' blocks
+    # the same telemetry under a floor: the outlier layer alone misses NVFP4 and takes MXFP8
+    flops = _plan(outlier_run, tmp_path / "flops.yaml", "--goal", "max-lowp-flops", "--sqnr-floor-db",
+                  str(round(worst["score_db"] + 1.0, 2)))  # fmt: skip
+    assert {m: r for m, r in flops["modules"].items() if r != "nvfp4"} == {OUTLIER_LAYER: "mxfp8"}
+
+
+def test_the_plan_loads_as_stability_plan(outlier_run, tmp_path):
+    path = tmp_path / "plan.yaml"
+    plan = _plan(outlier_run, path, "--goal", "max-bf16-modules", "--k", "1", "--candidate", "nvfp4")
+    d = tmp_path / "run"
+    cfg = compose_cfg(*CPU, "steps=1", "recipe=nvfp4", "stability=plan", f"stability.plan_file={path}")
+    assert run(cfg, d).status == "completed"
+    resolved = json.loads((d / "run.json").read_text())
+    modules = {
+        k: v for k, v in resolved["provenance"]["quantized_modules"].items() if k.startswith("blocks.")
+    }
+    assert modules == plan["modules"]
+    overrides = resolved["config"]["stability"]["overrides"]
+    assert [o["pattern"] for o in overrides] == list(plan["modules"])
+    assert all(o["resolved"]["name"] == o["recipe"] for o in overrides)  # resolved into run.json
+
+
+def test_plan_file_is_read_only_under_the_plan_preset(tmp_path):
+    """plan_check hands every arm stability.plan_file; the BF16 and uniform arms leave it unread."""
+    from harness.model.plan import plan_overrides
+    from harness.validation import load
+
+    bad = tmp_path / "nope.yaml"
+    base = [*TINY, "backend=emulated", "hardware=cpu", "recipe=nvfp4", f"stability.plan_file={bad}"]
+    assert load(base).stability.overrides == []
+    from harness.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="stability.plan_file=.*cannot read it"):
+        plan_overrides(load(base).stability.__class__(name="plan", plan_file=str(bad)))
+
+
+def test_megatron_names_and_refusals():
+    from harness import recipes
+
+    assert megatron_path("blocks.11.mlp.fc2") == "decoder.layers.11.mlp.linear_fc2"
+    assert megatron_path("blocks.0.attn.qkv") == "decoder.layers.0.self_attention.linear_qkv"
+    one = {"blocks.0.attn.qkv": recipes.default_fields("delayed")}
+    with pytest.raises(NotExpressible, match="blocks.0.attn.qkv: delayed: Megatron refuses delayed"):
+        precision_config(one)
+    import dataclasses
+
+    blockwise_1d = dataclasses.replace(recipes.default_fields("blockwise"), w_block_dim=1)
+    with pytest.raises(NotExpressible, match="sets w_block_dim; Megatron's per-module file") as e:
+        precision_config({"blocks.0.mlp.fc1": blockwise_1d})
+    assert "\n" not in str(e.value)
+    zoo = dataclasses.replace(
+        recipes.default_fields("custom"), quantizer_factory="mxfp8_fwd_nvfp4_bwd_factory"
+    )
+    payload = precision_config({"blocks.0.mlp.fc1": zoo})["configs"]
+    (cfg,) = payload.values()
+    assert cfg["training_recipe"]["custom_recipe_factory"].endswith(
+        "quantizer_factory_zoo.mxfp8_fwd_nvfp4_bwd_factory"
+    )
+
+
+def test_bad_plan_input_is_one_line(outlier_run, tmp_path, capsys):
+    assert main([str(outlier_run), "--goal", "max-lowp-flops", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --goal max-lowp-flops needs --sqnr-floor-db X (the lowest score_db a module may take)"
+    )
+    assert (
+        main([str(outlier_run), "--goal", "max-bf16-modules", "--k", "1", "--out", str(tmp_path / "p.yaml")])
+        == 2
+    )
+    assert "name one with --candidate (nvfp4, mxfp8)" in capsys.readouterr().err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.fixture
+def megatron_loader(monkeypatch):
+    """Megatron-LM's own quantization-recipe loader (megatron/core/quantization), imported from the
+    tree LOWP_MEGATRON names without running megatron/core/__init__.py (which needs triton and TE):
+    `megatron` and `megatron.core` are bare packages over the tree's folders. NO_VCS_VERSION=1 is
+    Megatron's own switch that keeps package_info from running git at import."""
+    monkeypatch.setenv("NO_VCS_VERSION", "1")
+    tree = Path(os.environ.get("LOWP_MEGATRON", "/nonexistent"))
+    if not (tree / "megatron/core/quantization/quant_config.py").exists():
+        pytest.skip("LOWP_MEGATRON: no Megatron-LM tree (git archive HEAD megatron | tar -x -C DIR)")
+    saved = {k: v for k, v in sys.modules.items() if k == "megatron" or k.startswith("megatron.")}
+    for name, sub in (("megatron", "megatron"), ("megatron.core", "megatron/core")):
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [str(tree / sub)]
+        sys.modules[name] = pkg
+    try:
+        import megatron.core.parallel_state  # noqa: F401 - megatron.core.utils imports it back
+        from megatron.core.quantization import utils
+
+        yield utils
+    finally:
+        for k in [k for k in sys.modules if k == "megatron" or k.startswith("megatron.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+def test_megatron_loader_accepts_the_plan(outlier_run, tmp_path, megatron_loader):
+    plan = _plan(outlier_run, tmp_path / "plan.yaml", "--goal", "max-lowp-flops", "--sqnr-floor-db", "9.5")
+    mfile = tmp_path / "plan.megatron.yaml"
+    recipe = megatron_loader.load_quantization_recipe(str(mfile))
+    for name, want in plan["modules"].items():
+        for prefix in ("", "module."):
+            got = megatron_loader.get_quant_config_or_none(prefix + megatron_path(name), recipe)
+            assert got is not None and got.config_key == want, (name, got)
+            payload = got.config["training_recipe"]
+            assert (
+                payload == {}
+                if want == "bf16"
+                else payload[f"fp{4 if want == 'nvfp4' else 8}_quantization_recipe"] == want
+            )
+    assert megatron_loader.get_quant_config_or_none("decoder.layers.1.mlp.linear_fc11", recipe) is None
