@@ -124,12 +124,46 @@ def ablation_gains(runs, uniform_arm: str = "uniform", metric: str = "final_eval
     return pd.DataFrame(rows).sort_values("gain", ascending=False, kind="stable").reset_index(drop=True)
 
 
+PLAN_VARIANT = "plan+"
+"""A run under `stability=plan` (its variant starts with the stability preset's name)."""
+
+
+def plan_verdicts(table: pd.DataFrame) -> list[str]:
+    """plan_check: per recipe, the plan arm's verdict against BF16 beside the uniform arm's (the same
+    recipe without a plan), from analysis.compare's table; e.g. 'nvfp4 with the plan: within noise of
+    BF16 (gap +0.1%); uniform nvfp4: worse than BF16 (gap +2.3%)'."""
+    out = []
+    if not len(table) or "variant" not in table:
+        return out
+    arms = table[table["recipe"] != K.BASELINE_RECIPE]
+    for label, g in arms.groupby("recipe_label", sort=False):
+        plan = g[g["variant"].astype(str).str.startswith(PLAN_VARIANT)]
+        uniform = g[~g["variant"].astype(str).str.startswith(PLAN_VARIANT)]
+        if not len(plan):
+            continue
+        said = [f"{label} with the plan: {_verdict(plan.iloc[0])}"]
+        said += [f"uniform {label}: {_verdict(u)}" for _, u in uniform.iterrows()]
+        out.append("; ".join(said))
+    return out
+
+
+def _verdict(row: pd.Series) -> str:
+    gap = row.get("gap_rel")
+    shown = f" (gap {100 * gap:+.2f}% of the BF16 loss)" if isinstance(gap, float) and gap == gap else ""
+    return f"{row.get('verdict_text') or row.get('verdict')}{shown}"
+
+
 def report_section(runs) -> str:
     """Markdown: the module ranking of the runs' counterfactual rows (worst 20 per candidate); empty
     where no run has any."""
     scores = module_scores(counterfactual_frame(runs))
+    from analysis.frames import compare
+
+    verdicts = plan_verdicts(compare(runs))
+    lines = ["", "## Precision plan against the uniform recipe (plan_check)", ""] if verdicts else []
+    lines += [f"- {v}" for v in verdicts]
     if not len(scores):
-        return ""
+        return "\n".join(lines)
     cols = [
         K.TELEMETRY_LAYER,
         SCORE,
@@ -140,7 +174,7 @@ def report_section(runs) -> str:
         "worst_operand",
         "underflow",
     ]
-    lines = ["", "## Which modules each candidate format hurts (counterfactual telemetry)", "",
+    lines += ["", "## Which modules each candidate format hurts (counterfactual telemetry)", "",
              "score_db: the worst of the GEMM outputs' SQNR, the operands' SQNR and -10 log10(flushed "
              "fraction), dB, mean over telemetry steps and runs (analysis/precision_ranking.py); "
              "lowest first.", ""]  # fmt: skip

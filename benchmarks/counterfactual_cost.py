@@ -31,6 +31,7 @@ class Options:
     interval: int = field(default=2, metadata={"help": "telemetry_interval of the 'on' phase (>= 2)"})
     telemetry_steps: int = field(default=2, metadata={"help": "telemetry steps timed in the 'on' phase"})
     budget_s: float = field(default=240.0, metadata={"help": "no new arm starts after this"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch's default)"})
 
 
 def plan(spec: specs.Spec, opts: Options) -> dict[str, list[str]]:
@@ -108,7 +109,11 @@ def _line(label: str, r: dict) -> str:
 
 
 def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
-    result = {"_meta": specs.meta(spec, opts), "runs": {}}
+    import torch
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    result = {"_meta": {**specs.meta(spec, opts), "threads": torch.get_num_threads()}, "runs": {}}
     t0 = time.perf_counter()
     for label, overrides in plan(spec, opts).items():
         if time.perf_counter() - t0 > opts.budget_s:

@@ -82,6 +82,8 @@ def test_plan_file_is_read_only_under_the_plan_preset(tmp_path):
 
     with pytest.raises(ConfigError, match="stability.plan_file=.*cannot read it"):
         plan_overrides(load(base).stability.__class__(name="plan", plan_file=str(bad)))
+    with pytest.raises(ConfigError, match="stability=plan needs stability.plan_file=PATH"):
+        plan_overrides(load(base).stability.__class__(name="plan"))
 
 
 def test_megatron_names_and_refusals():

@@ -120,8 +120,12 @@ def read_plan(path: str) -> dict:
 
 def plan_overrides(stability: StabilityConfig) -> list[ModuleOverride]:
     """The plan file's per-module overrides (none without a file or outside the `plan` preset)."""
-    if stability.name != PLAN_PRESET or not stability.plan_file:
+    if stability.name != PLAN_PRESET:
         return []
+    if not stability.plan_file:
+        raise ConfigError(
+            "stability=plan needs stability.plan_file=PATH (a plan written by `python -m harness.plan`)"
+        )
     out = []
     for i, ov in enumerate(read_plan(stability.plan_file)["overrides"]):
         if (
