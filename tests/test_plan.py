@@ -164,3 +164,30 @@ def test_megatron_loader_accepts_the_plan(outlier_run, tmp_path, megatron_loader
                 else payload[f"fp{4 if want == 'nvfp4' else 8}_quantization_recipe"] == want
             )
     assert megatron_loader.get_quant_config_or_none("decoder.layers.1.mlp.linear_fc11", recipe) is None
+
+
+def test_ablation_gains_put_the_group_that_saved_most_loss_first():
+    """plan_ablation: the group whose move to BF16 saved the most loss outranks the telemetry ranking."""
+    import types
+
+    import pandas as pd
+
+    from analysis.precision_ranking import ablation_gains
+    from harness.plan import assign
+
+    arms = ["uniform", "uniform", "bf16-block0", "bf16-block0", "bf16-fc2", "bf16-fc2"]
+    block0, fc2 = [{"pattern": "blocks.0.*"}], [{"pattern": "*.mlp.fc2"}]
+    runs = types.SimpleNamespace(runs=pd.DataFrame({
+        "config.name": [f"{a}-s{i % 2}" for i, a in enumerate(arms)],
+        "final_eval_loss": [3.0, 3.2, 3.05, 3.15, 2.9, 3.0],
+        "config.stability.overrides": [[], [], block0, block0, fc2, fc2],
+    }))  # fmt: skip
+    gains = ablation_gains(runs)
+    assert list(gains["group"]) == ["fc2", "block0"] and gains["gain"].iloc[0] == pytest.approx(0.15)
+    assert gains["patterns"].iloc[0] == ["*.mlp.fc2"]
+    layers = ["blocks.0.mlp.fc1", "blocks.1.mlp.fc2", "blocks.0.mlp.fc2"]
+    scores = pd.DataFrame({"layer": layers, "candidate": ["nvfp4"] * 3, "score_db": [1.0, 5.0, 6.0],
+                           "order": [0, 2, 1]})  # fmt: skip
+    args = types.SimpleNamespace(candidate="nvfp4", k=2, sqnr_floor_db=None)
+    chosen = assign("max-bf16-modules", scores, {"nvfp4": None}, args, gains)
+    assert chosen == {"blocks.0.mlp.fc1": "nvfp4", "blocks.0.mlp.fc2": None, "blocks.1.mlp.fc2": None}
