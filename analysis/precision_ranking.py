@@ -153,15 +153,33 @@ def _verdict(row: pd.Series) -> str:
     return f"{row.get('verdict_text') or row.get('verdict')}{shown}"
 
 
+def plan_modules(runs) -> pd.DataFrame:
+    """The modules of the runs under a precision plan (`stability=plan`): one column per distinct plan
+    (its file), one row per block module, the recipe each ran (run.json quantized_modules)."""
+    cols: dict[str, dict] = {}
+    for r in runs.objects:
+        if not str(r.variant).startswith(PLAN_VARIANT):
+            continue
+        plan_file = ((r.config or {}).get("stability") or {}).get("plan_file") or r.name
+        modules = r.provenance.get("quantized_modules") or {}
+        cols.setdefault(str(plan_file), {k: v for k, v in modules.items() if k.startswith("blocks.")})
+    return pd.DataFrame(cols).rename_axis("module").reset_index() if cols else pd.DataFrame()
+
+
 def report_section(runs) -> str:
-    """Markdown: the module ranking of the runs' counterfactual rows (worst 20 per candidate); empty
-    where no run has any."""
+    """Markdown: plan_check's verdicts, the plans' module tables, and the module ranking of the runs'
+    counterfactual rows (worst 20 per candidate); empty where there is none of them."""
     scores = module_scores(counterfactual_frame(runs))
     from analysis.frames import compare
 
     verdicts = plan_verdicts(compare(runs))
     lines = ["", "## Precision plan against the uniform recipe (plan_check)", ""] if verdicts else []
     lines += [f"- {v}" for v in verdicts]
+    plans = plan_modules(runs)
+    if len(plans):
+        lines += ["", "## The precision plans' modules (stability=plan)", "",
+                  "| " + " | ".join(plans.columns) + " |", "|" + "---|" * len(plans.columns)]  # fmt: skip
+        lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in plans.itertuples(index=False)]
     if not len(scores):
         return "\n".join(lines)
     cols = [
@@ -199,7 +217,9 @@ def append_to_report(runs, out) -> None:
     from pathlib import Path
 
     section = report_section(runs)
+    scores = module_scores(counterfactual_frame(runs))
+    if len(scores):
+        scores.to_csv(Path(out) / "precision_ranking.csv", index=False)
     if section:
-        module_scores(counterfactual_frame(runs)).to_csv(Path(out) / "precision_ranking.csv", index=False)
         with open(Path(out) / "report.md", "a", encoding="utf-8") as f:
             f.write(section + "\n")

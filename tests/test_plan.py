@@ -68,6 +68,11 @@ def test_the_plan_loads_as_stability_plan(outlier_run, tmp_path):
     overrides = resolved["config"]["stability"]["overrides"]
     assert [o["pattern"] for o in overrides] == list(plan["modules"])
     assert all(o["resolved"]["name"] == o["recipe"] for o in overrides)  # resolved into run.json
+    import analysis
+    from analysis.precision_ranking import report_section
+
+    section = report_section(analysis.load([str(d), str(outlier_run)]))
+    assert f"| {OUTLIER_LAYER} | bf16 |" in section and "### nvfp4" in section  # plan table, ranking
 
 
 def test_plan_file_is_read_only_under_the_plan_preset(tmp_path):
