@@ -110,3 +110,14 @@ def test_bad_candidates_are_refused_in_one_line(entry, says):
     with pytest.raises(ValueError, match=says) as e:
         C.parse(["mxfp8", entry])
     assert "telemetry.candidates[1]" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_failing_candidate_gemm_warns_and_never_breaks_the_step():
+    (cand,) = C.parse(["mxfp8"])
+    cf = C.Counterfactual([cand])
+    x, w = torch.ones(64, 128), torch.ones(32, 64)  # K mismatch: the candidate GEMM cannot run
+    with pytest.warns(C.CounterfactualWarning, match="1 GEMM\\(s\\) gave no rows, first: RuntimeError"):
+        with cf.collect([]) as rows:
+            cf.forward("blocks.0.mlp.fc1", x, w)
+            cf.backward("blocks.0.mlp.fc1", torch.ones(64, 32))  # nothing saved for it: no row, no error
+    assert [r for r in rows if r[T.TENSOR] == "fprop"] == []

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +108,25 @@ def scale_spread(q) -> float:
     return float(torch.log2(d.max() / d.min())) if d.numel() else 0.0
 
 
+class CounterfactualWarning(UserWarning):
+    """A GEMM gave no counterfactual rows (the training step itself ran unchanged)."""
+
+
+def _guarded(fn):
+    """Counterfactual rows never break the step they observe: an error is kept and reported once
+    when the telemetry block ends."""
+
+    @functools.wraps(fn)
+    def run(self, *a, **kw):
+        try:
+            return fn(self, *a, **kw)
+        except Exception as e:  # noqa: BLE001 - telemetry must never break the step it observes
+            self.errors.append(f"{type(e).__name__}: {e}")
+            return None
+
+    return run
+
+
 class Counterfactual:
     """Rows of every candidate for the operands handed to `forward`/`backward` inside `collect()`."""
 
@@ -115,6 +136,7 @@ class Counterfactual:
         self.rows: list[dict] | None = None
         self._saved: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._quantizers: dict[tuple[str, str], Any] = {}
+        self.errors: list[str] = []
 
     @property
     def enabled(self) -> bool:
@@ -123,11 +145,14 @@ class Counterfactual:
     @contextlib.contextmanager
     def collect(self, rows: list[dict]):
         """Append rows to `rows` for the block's forward and backward; keep nothing afterwards."""
-        self.rows, self._saved = rows, {}
+        self.rows, self._saved, self.errors = rows, {}, []
         try:
             yield rows
         finally:
             self.rows, self._saved = None, {}
+        if self.errors:
+            warnings.warn(f"counterfactual telemetry: {len(self.errors)} GEMM(s) gave no rows, first: "
+                          f"{self.errors[0]}", CounterfactualWarning, stacklevel=3)  # fmt: skip
 
     def _quantizer(self, c: Candidate, role: str, device: torch.device):
         key = (c.label, role, str(device))
@@ -155,6 +180,7 @@ class Counterfactual:
     def _gemm_row(self, layer: str, gemm: str, c: Candidate, y: torch.Tensor, ref: torch.Tensor) -> None:
         self.rows.append({T.LAYER: layer, T.TENSOR: gemm, CANDIDATE: c.label, REL_ERR: rel_err(y, ref)})
 
+    @_guarded
     @torch.no_grad()
     def forward(self, layer: str, x: torch.Tensor, weight: torch.Tensor) -> None:
         """x (M, K) the GEMM's high-precision input, weight (N, K): input and weight rows, fprop."""
@@ -171,6 +197,7 @@ class Counterfactual:
             self._gemm_row(layer, "fprop", c, xq @ wq.t(), ref)
         self._saved.setdefault(layer, []).append((x, w))
 
+    @_guarded
     @torch.no_grad()
     def backward(self, layer: str, dy: torch.Tensor) -> None:
         """dy (M, N) the output gradient of the last `forward` of `layer`: grad rows, dgrad, wgrad."""
