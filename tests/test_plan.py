@@ -170,6 +170,24 @@ def test_megatron_loader_accepts_the_plan(outlier_run, tmp_path, megatron_loader
             )
     assert megatron_loader.get_quant_config_or_none("decoder.layers.1.mlp.linear_fc11", recipe) is None
 
+    # the TE-side parser (transformer_engine.py, needs TE: run on the GPU by tests/test_plan_gpu.py)
+    # takes exactly TEQuantizationRecipe's fields and the recipe enums' values: read from its source
+    import ast
+
+    tree = Path(os.environ["LOWP_MEGATRON"]) / "megatron/core"
+    src = ast.parse((tree / "extensions/transformer_engine.py").read_text())
+    (cls,) = [n for n in src.body if isinstance(n, ast.ClassDef) and n.name == "TEQuantizationRecipe"]
+    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    from megatron.core import enums
+
+    values = {e.value for e in (*enums.Fp8Recipe, *enums.Fp4Recipe)} - {"delayed"}
+    for key, cfg in recipe.configs.items():
+        assert set(cfg) == {"transformer_engine_config_type", "training_recipe"}, key
+        assert cfg["transformer_engine_config_type"] == "TEQuantizationParams"
+        assert set(cfg["training_recipe"]) <= fields, (key, set(cfg["training_recipe"]) - fields)
+        for k in ("fp8_quantization_recipe", "fp4_quantization_recipe"):
+            assert cfg["training_recipe"].get(k, "custom") in values, (key, k)
+
 
 def test_ablation_gains_put_the_group_that_saved_most_loss_first():
     """plan_ablation: the group whose move to BF16 saved the most loss outranks the telemetry ranking."""
