@@ -139,6 +139,7 @@ def build(args) -> tuple[dict, dict[str, RecipeConfig | None]]:
             "sqnr_floor_db": args.sqnr_floor_db, "k": args.k, "candidate": args.candidate,
             "ablation": str(Path(args.ablation).resolve()) if args.ablation else None,
             "candidates": sorted(cands), "telemetry_steps": int(cf["step"].nunique()),
+            "models": sorted({str(((r.config or {}).get("model") or {}).get("name")) for r in runs.objects}),
         },
         "recipe": None if uniform is None else {"name": cands[uniform].name, **_fields(cands[uniform])},
         "modules": {m: (c or recipes.BASELINE) for m, c in chosen.items()},
