@@ -1,7 +1,7 @@
 """What counterfactual telemetry costs: step time with telemetry off, on its telemetry steps and between.
 
     python -m benchmarks.counterfactual_cost --spec counterfactual_cost_cpu          # gpt_small, CPU
-    python -m benchmarks --spec counterfactual_cost_8bslice --out $OUT                # 8B slice, TE
+    python -m benchmarks counterfactual_cost_8bslice --out $OUT                       # 8B slice, TE
 
 One Trainer per arm (`runs:` of the spec: the run's own telemetry, and the same with
 `telemetry.candidates`) times `train_step` with telemetry off (`telemetry_interval=0`), then with

@@ -1,6 +1,6 @@
 """A precision plan for a model, made and run on lowp's TE backend beside the uniform recipe.
 
-    python -m benchmarks --spec plan_8bslice --out $OUT                 # the 8B slice on the H200
+    python -m benchmarks plan_8bslice --out $OUT                 # the 8B slice on the H200
 
 Three phases, each written to the result file as it ends (a timeout keeps what was done):
 1. `telemetry`: a short run of the uniform recipe with counterfactual candidates
