@@ -35,7 +35,10 @@ def test_telemetry_columns_agree():
     assert telemetry.TENSORS == A.TELEMETRY_TENSORS
     assert telemetry.STATS == A.TELEMETRY_STATS
     assert (telemetry.CANDIDATE, telemetry.SCALE_SPREAD, telemetry.REL_ERR, telemetry.GEMMS) == (
-        A.TELEMETRY_CANDIDATE, A.TELEMETRY_SCALE_SPREAD, A.TELEMETRY_REL_ERR, A.TELEMETRY_GEMMS
+        A.TELEMETRY_CANDIDATE,
+        A.TELEMETRY_SCALE_SPREAD,
+        A.TELEMETRY_REL_ERR,
+        A.TELEMETRY_GEMMS,
     )
 
 
