@@ -34,6 +34,10 @@ def outlier_run(tmp_path_factory):
     return d
 
 
+STORED = Path(__file__).parent / "assets" / "plan" / "outlier_tiny"
+"""outlier_run's run directory as stored (tests/assets/plan/README.md)."""
+
+
 def _plan(run_dir: Path, out: Path, *args: str) -> dict:
     assert main([str(run_dir), *args, "--out", str(out)]) == 0
     return yaml.safe_load(out.read_text())
@@ -52,6 +56,21 @@ def test_the_plan_finds_the_outlier_layer_from_telemetry_alone(outlier_run, tmp_
     flops = _plan(outlier_run, tmp_path / "flops.yaml", "--goal", "max-lowp-flops", "--sqnr-floor-db",
                   str(round(worst["score_db"] + 1.0, 2)))  # fmt: skip
     assert {m: r for m, r in flops["modules"].items() if r != "nvfp4"} == {OUTLIER_LAYER: "mxfp8"}
+
+
+def test_plan_from_stored_telemetry(tmp_path):
+    """The plan's logic on stored telemetry rows alone (no training): the outlier layer stays BF16,
+    and under a floor between its NVFP4 score and the next module's it alone takes MXFP8."""
+    plan = _plan(
+        STORED, tmp_path / "plan.yaml", "--goal", "max-bf16-modules", "--k", "1", "--candidate", "nvfp4"
+    )
+    assert [m for m, r in plan["modules"].items() if r == "bf16"] == [OUTLIER_LAYER]
+    first, second = plan["ranking"][:2]
+    assert first["layer"] == OUTLIER_LAYER and first["score_db"] < second["score_db"] - 2
+    floor = (first["score_db"] + second["score_db"]) / 2
+    flops = _plan(STORED, tmp_path / "flops.yaml", "--goal", "max-lowp-flops", "--sqnr-floor-db", str(floor))
+    assert {m: r for m, r in flops["modules"].items() if r != "nvfp4"} == {OUTLIER_LAYER: "mxfp8"}
+    assert flops["inputs"]["sqnr_floor_db"] == floor and flops["inputs"]["models"] == ["gpt_tiny"]
 
 
 def test_the_plan_loads_as_stability_plan(outlier_run, tmp_path):
