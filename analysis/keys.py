@@ -61,6 +61,13 @@ TELEMETRY_LAYER = "layer"
 TELEMETRY_TENSOR = "tensor"
 TELEMETRY_TENSORS = ("input", "weight", "grad")
 TELEMETRY_STATS = ("amax", "scale", "underflow", "saturation", "sqnr_db")
+# Counterfactual rows of numerics.jsonl (telemetry.candidates): a candidate's operand rows carry the
+# columns above plus the spread of its block scales, its GEMM rows (tensor fprop/dgrad/wgrad) the
+# relative error of the GEMM output against the high-precision GEMM.
+TELEMETRY_CANDIDATE = "candidate"
+TELEMETRY_SCALE_SPREAD = "scale_spread_log2"
+TELEMETRY_REL_ERR = "rel_err"
+TELEMETRY_GEMMS = ("fprop", "dgrad", "wgrad")
 
 # Fields of summary.json.
 SUMMARY_FIELDS = (

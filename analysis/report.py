@@ -324,7 +324,7 @@ def runs_table(runs: Runs) -> pd.DataFrame:
 def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: list[str], *,
                  figures: bool = True) -> Path:  # fmt: skip
     """Write comparison.csv, gaps.csv, runs.csv, report.md, plots/ and report.html; returns the html."""
-    from analysis import plots
+    from analysis import plots, precision_ranking
     from analysis.moe import frame as moe_frame
     from analysis.moe import moe_section
     from analysis.telemetry import group_cells, outliers
@@ -370,6 +370,7 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
     ctx = dict(intro=intro, groups=groups, method=method_items(comparison.smooth_frac),
                issues=runs.issues + comparison.notes, runs=runs_table(runs), md_table=md_table)  # fmt: skip
     (out / "report.md").write_text(MARKDOWN.render(**ctx), encoding="utf-8")
+    precision_ranking.append_to_report(runs, out)  # counterfactual telemetry's module ranking, if any
     html_path = out / "report.html"
     html_path.write_text(HTML.render(**ctx), encoding="utf-8")
     return html_path

@@ -16,8 +16,18 @@ from analysis.run import Run, RunWarning
 
 
 def load_numerics(run: Run) -> list[dict[str, Any]]:
-    """Telemetry rows of numerics.jsonl; without that file, the `numerics/<layer>/<tensor>/<stat>`
+    """Telemetry rows of the operands the run quantized (numerics.jsonl, counterfactual candidates'
+    rows left out: `load_counterfactual`); without that file, the `numerics/<layer>/<tensor>/<stat>`
     summaries of metrics.jsonl, as rows of the same shape. Empty when there is no telemetry."""
+    return [r for r in _load_rows(run) if K.TELEMETRY_CANDIDATE not in r]
+
+
+def load_counterfactual(run: Run) -> list[dict[str, Any]]:
+    """The counterfactual rows of numerics.jsonl (telemetry.candidates): each names its candidate."""
+    return [r for r in _load_rows(run) if r.get(K.TELEMETRY_CANDIDATE) is not None]
+
+
+def _load_rows(run: Run) -> list[dict[str, Any]]:
     issues: list[str] = []
     rows: list[dict[str, Any]] = []
     npath = Path(run.path) / K.NUMERICS_JSONL

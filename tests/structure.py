@@ -50,9 +50,16 @@ FLOORS: dict[str, int] = {
     "harness.sweep": 11,
     "harness.megatron": 11,
     "harness.export": 11,
+    "harness.plan": 11,
 }
 # the composition root and the config's own rooms may take the root Config
-ENTRY_POINTS = {"harness/train.py", "harness/megatron.py", "harness/sweep.py", "harness/export.py"}
+ENTRY_POINTS = {
+    "harness/train.py",
+    "harness/megatron.py",
+    "harness/sweep.py",
+    "harness/export.py",
+    "harness/plan.py",
+}
 ROOT_CONFIG_ROOMS = ("harness/config/", "harness/validation/", "harness/training/", "harness/multirun/")
 ROOT_CONFIG_ROOMS += ("harness/interop/megatron.py",)  # the Megatron command maps the whole config
 BACKEND_FACTORY = {"harness/backends/__init__.py", "harness/backends/capability.py"}

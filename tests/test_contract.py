@@ -34,6 +34,12 @@ def test_telemetry_columns_agree():
     assert (telemetry.LAYER, telemetry.TENSOR) == (A.TELEMETRY_LAYER, A.TELEMETRY_TENSOR)
     assert telemetry.TENSORS == A.TELEMETRY_TENSORS
     assert telemetry.STATS == A.TELEMETRY_STATS
+    assert (telemetry.CANDIDATE, telemetry.SCALE_SPREAD, telemetry.REL_ERR, telemetry.GEMMS) == (
+        A.TELEMETRY_CANDIDATE,
+        A.TELEMETRY_SCALE_SPREAD,
+        A.TELEMETRY_REL_ERR,
+        A.TELEMETRY_GEMMS,
+    )
 
 
 def test_telemetry_rows_have_the_contract_columns():

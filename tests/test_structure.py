@@ -90,4 +90,4 @@ def test_the_root_config_is_never_hidden_behind_an_untyped_parameter():
 def test_recipes_are_the_eight_families_and_no_file_is_a_god_file():
     measured = sizes()
     assert measured["recipes in the registry"] == measured["recipe presets in conf/recipe"] == 8
-    assert measured["loose top-level harness modules"] <= 5  # recipes.py and the python -m entry modules
+    assert measured["loose top-level harness modules"] <= 6  # recipes.py and the python -m entry modules

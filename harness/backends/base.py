@@ -15,8 +15,16 @@ import torch.nn as nn
 
 from harness import recipes
 from harness.backends.hooks import make_hook
-from harness.config.schema import BackendConfig, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
+from harness.config.schema import (
+    BackendConfig,
+    ModelConfig,
+    OptimizerConfig,
+    RecipeConfig,
+    StabilityConfig,
+    TelemetryConfig,
+)
 from harness.model.plan import PrecisionPlan
+from harness.numerics import counterfactual
 
 
 def uses_main_grads(o: OptimizerConfig) -> bool:
@@ -39,6 +47,8 @@ class BackendSpec:
     seed: int = 0
     options: BackendConfig = field(default_factory=BackendConfig)
     """The backend group's execution options (backend.packed_qkv_grad, ...)."""
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    """What telemetry steps compute beyond the run's own rows (its counterfactual candidates)."""
 
     @property
     def plan(self) -> PrecisionPlan:
@@ -68,6 +78,9 @@ class Backend(ABC):
         self.plan = spec.plan
         self.recipe_spec = recipes.get(spec.recipe.name)
         self.hook = make_hook(self.recipe_spec.hook, spec.recipe)
+        self.counterfactual = counterfactual.Counterfactual(
+            counterfactual.parse(spec.telemetry.candidates), seed=spec.seed
+        )
 
     @abstractmethod
     def build_model(self) -> nn.Module:

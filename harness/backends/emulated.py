@@ -375,6 +375,7 @@ class EmulatedBackend(Backend):
         self.numerics = NumericsContext(device, seed=spec.seed)
         self.linear_names: list[str] = []
         self.modules: dict[str, QuantizedLinear | FakeQuantLinear] = {}
+        self._linears: list[EmulatedLinear] = []  # the dense block linears counterfactual rows come from
 
     def set_amax_reduction(self, group, reducer) -> None:
         super().set_amax_reduction(group, reducer)
@@ -415,6 +416,9 @@ class EmulatedBackend(Backend):
     def build_model(self) -> nn.Module:
         self.linear_names, self.modules = [], {}  # describe() and verify_active() see this model
         model = GPT(self.spec.model, EmulatedOps(self)).to(self.device)
+        self._linears = [
+            m for m in model.modules() if isinstance(m, EmulatedLinear) and m.name.startswith("blocks.")
+        ]
         if self.fast_paths is False:  # the reference path: every norm hands over fp32
             return model
         for block in model.blocks:  # a norm whose linear rounds its input to bf16 hands over bf16
@@ -435,9 +439,18 @@ class EmulatedBackend(Backend):
     def after_optimizer_step(self, model: nn.Module) -> None:
         self.numerics.weights_changed()  # the quantized weight copies are recomputed on next use
 
-    def collect_telemetry(self) -> contextlib.AbstractContextManager[list[dict]]:
-        """`with backend.collect_telemetry() as rows:` one row per quantized operand and pass."""
-        return self.numerics.telemetry.collect()
+    @contextlib.contextmanager
+    def collect_telemetry(self):
+        """`with backend.collect_telemetry() as rows:` one row per quantized operand and pass, then
+        the counterfactual candidates' rows of every block linear (hooks only inside the block)."""
+        with self.numerics.telemetry.collect() as rows:
+            if not self.counterfactual.enabled:
+                yield rows
+                return
+            cf: list[dict] = []
+            with self.counterfactual.collect(cf), _operand_hooks(self._linears, self.counterfactual):
+                yield rows
+            rows.extend(cf)
 
     def describe(self) -> dict:
         out = super().describe()
@@ -473,3 +486,22 @@ class EmulatedBackend(Backend):
 
     def load_state_dict(self, state: dict) -> None:
         self.numerics.load_state_dict(state)
+
+
+@contextlib.contextmanager
+def _operand_hooks(linears: list[EmulatedLinear], cf):
+    """Hand each dense block linear's high-precision operands to `cf` (harness.numerics.counterfactual):
+    bf16(x) and W in forward, bf16(dy) in backward; read only, so the step computes what it would."""
+
+    def forward(mod, args, out):
+        x = args[0].detach()
+        cf.forward(mod.name, x.reshape(-1, x.shape[-1]).to(BF16), mod.weight)
+        if out.requires_grad:
+            out.register_hook(lambda g, name=mod.name: cf.backward(name, g.reshape(-1, g.shape[-1]).to(BF16)))
+
+    handles = [m.register_forward_hook(forward) for m in linears]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -250,7 +250,7 @@ class TEBackend(Backend):
         from harness.backends.te_telemetry import TETelemetry
 
         recipe_of = lambda name: self._name_of(self.plan.recipe_for(name))  # noqa: E731
-        return TETelemetry(self._model, self.spec.model.activation, recipe_of).collect()
+        return TETelemetry(self._model, self.spec.model.activation, recipe_of, self.counterfactual).collect()
 
     def build_optimizer(self, model: nn.Module, cfg: OptimizerConfig):
         """TE FusedAdam over the bf16 params (harness.optim); whole fp32 masters where the recipe's

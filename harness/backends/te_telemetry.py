@@ -20,6 +20,12 @@ The proj input, the weights and the QKV/proj/fc2 gradients are TE's own tensors,
 
 Cost on telemetry steps: one extra quantization per operand, the rows' reductions (each row syncs),
 two fp32 GEMMs per block, and fc1's output (bf16) kept per block until its backward.
+
+Counterfactual candidates (`telemetry.candidates`, harness.numerics.counterfactual) get the same
+high-precision operands, in BF16 blocks too: the input (the norm recomputed as above), bf16(W) (an
+FP8 param dequantized) and the output gradient; where TE fuses fc2's input and fc1's gradient away
+in a BF16 block they are recomputed from the high-precision fc1 GEMM and fc2 dgrad GEMM. lowp's
+emulator quantizes them: TE's own quantizers never see a candidate.
 """
 
 from __future__ import annotations
@@ -174,31 +180,41 @@ class TETelemetry:
     backend writes them; `activation` is the model's MLP activation (gelu or swiglu), `recipe_of`
     maps a linear's name to the recipe TE runs its GEMMs in."""
 
-    def __init__(self, model: nn.Module, activation: str, recipe_of):
+    def __init__(self, model: nn.Module, activation: str, recipe_of, counterfactual=None):
+        """`counterfactual`: a harness.numerics.counterfactual.Counterfactual fed the operands too."""
         self.model, self.activation, self.recipe_of = model, activation, recipe_of
+        self.cf = counterfactual if counterfactual is not None and counterfactual.enabled else None
         self.rows: list[dict] | None = None
         self.errors: list[str] = []
 
     @contextlib.contextmanager
     def collect(self):
-        """`with telemetry.collect() as rows:` hooks in place for the block's forward and backward."""
+        """`with telemetry.collect() as rows:` hooks in place for the block's forward and backward;
+        the counterfactual candidates' rows follow the run's own."""
         rows: list[dict] = []
+        cf_rows: list[dict] = []
         self.rows, self.errors, handles = rows, [], []
-        try:
-            for i, block in enumerate(self.model.blocks):
-                attn, mlp, p = block.layer.self_attention, block.layer.layernorm_mlp, f"blocks.{i}"
-                hooks = [
-                    (attn.layernorm_qkv, self._linear_hook(f"{p}.attn.qkv", True)),
-                    (attn.proj, self._linear_hook(f"{p}.attn.proj", False)),
-                ]
-                moe = getattr(mlp, "moe", None)  # an MoE block's TEMoEMLP
-                hooks += self._moe_hooks(moe, f"{p}.mlp") if moe is not None else [(mlp, self._mlp_hook(p))]
-                handles += [mod.register_forward_hook(h, with_kwargs=True) for mod, h in hooks]
-            yield rows
-        finally:
-            for h in handles:
-                h.remove()
-            self.rows = None
+        with contextlib.ExitStack() as stack:
+            if self.cf is not None:
+                stack.enter_context(self.cf.collect(cf_rows))
+            try:
+                for i, block in enumerate(self.model.blocks):
+                    attn, mlp, p = block.layer.self_attention, block.layer.layernorm_mlp, f"blocks.{i}"
+                    hooks = [
+                        (attn.layernorm_qkv, self._linear_hook(f"{p}.attn.qkv", True)),
+                        (attn.proj, self._linear_hook(f"{p}.attn.proj", False)),
+                    ]
+                    moe = getattr(mlp, "moe", None)  # an MoE block's TEMoEMLP
+                    hooks += (
+                        self._moe_hooks(moe, f"{p}.mlp") if moe is not None else [(mlp, self._mlp_hook(p))]
+                    )
+                    handles += [mod.register_forward_hook(h, with_kwargs=True) for mod, h in hooks]
+                yield rows
+            finally:
+                for h in handles:
+                    h.remove()
+                self.rows = None
+        rows.extend(cf_rows)
         if self.errors:
             warnings.warn(
                 f"TE telemetry: {len(self.errors)} operand(s) gave no row, first: {self.errors[0]}",
@@ -243,6 +259,7 @@ class TETelemetry:
             inp = _norm(mod, x2, self._fused(name)["fused_input_cast"]) if has_norm else x2
         self._add(name, "input", inp, _own_quantizer(mod, True, F.GEMM1_INPUT))
         self._weight(name, mod.weight, _own_quantizer(mod, True, F.GEMM1_WEIGHT))
+        self._cf_forward(name, inp, mod.weight)
         y = _first_tensor(out)
         if isinstance(y, torch.Tensor) and y.requires_grad:
             y.register_hook(self._grad_hook(name, mod, B.GRAD_OUTPUT1))
@@ -258,9 +275,11 @@ class TETelemetry:
     @_guarded
     def _grad_rows(self, name: str, mod: nn.Module, index: int, then, g: torch.Tensor) -> None:
         g2 = g.detach().reshape(-1, g.shape[-1])  # (B*T, N): the GEMM's grad operand
+        if self.cf is not None:
+            self.cf.backward(name, g2.to(torch.bfloat16))
         qt = self._add(name, "grad", g2, _own_quantizer(mod, False, index))
         if then is not None:
-            then(qt)
+            then(qt, g2)
 
     def _moe_hooks(self, moe: nn.Module, prefix: str) -> list:
         """An MoE layer (harness.backends.te_moe): each expert group's rows, one per expert
@@ -322,22 +341,31 @@ class TETelemetry:
         q_in1 = self._add(fc1, "input", ln, _own_quantizer(mod, True, F.GEMM1_INPUT))
         q_w1 = self._weight(fc1, mod.fc1_weight, _own_quantizer(mod, True, F.GEMM1_WEIGHT))
         q_w2 = self._weight(fc2, mod.fc2_weight, _own_quantizer(mod, True, F.GEMM2_WEIGHT))
-        if q_in1 is None or q_w1 is None:
+        self._cf_forward(fc1, ln, mod.fc1_weight)
+        quantized = q_in1 is not None and q_w1 is not None
+        if not quantized and self.cf is None:
             return
         with torch.no_grad():
-            h = self._fc1_out(mod, q_in1, q_w1)  # (B*T, F or 2F for swiglu) bf16, kept to backward
+            # (B*T, F or 2F for swiglu) bf16, kept to backward; a BF16 block's from its bf16 operands
+            h = self._fc1_out(mod, q_in1, q_w1) if quantized else self._fc1_out_hp(mod, ln)
             act = _act(h.float(), self.activation)  # fp32: TE's fused act+cast quantizes it unrounded
             act = act if f2["fused_input_cast"] else act.to(torch.bfloat16)
             self._add(fc2, "input", act, _own_quantizer(mod, True, F.GEMM2_INPUT))
+        self._cf_forward(fc2, act, mod.fc2_weight)
 
-        def fc1_grad(q_g2) -> None:
-            if q_g2 is None or q_w2 is None:
-                return
+        def fc1_grad(q_g2, g2: torch.Tensor) -> None:
             with torch.no_grad():  # dact: fc2's dgrad GEMM (bf16 out), then act'(h)
-                dact = (_deq(q_g2) @ _deq(q_w2)).to(torch.bfloat16)  # (B*T, F)
+                if q_g2 is not None and q_w2 is not None:
+                    dact = (_deq(q_g2) @ _deq(q_w2)).to(torch.bfloat16)  # (B*T, F)
+                elif self.cf is not None:
+                    dact = (g2.float() @ _hp(mod.fc2_weight).float()).to(torch.bfloat16)
+                else:
+                    return
                 dh = _act_backward(h.float(), dact.float(), self.activation)
                 dh = dh if f1["fused_grad_cast"] else dh.to(torch.bfloat16)
             self._add(fc1, "grad", dh, _own_quantizer(mod, False, B.GRAD_OUTPUT1))
+            if self.cf is not None:
+                self.cf.backward(fc1, dh.to(torch.bfloat16))
 
         y = _first_tensor(out)
         if isinstance(y, torch.Tensor) and y.requires_grad:
@@ -352,11 +380,32 @@ class TETelemetry:
             h = h + bias.float()
         return h.to(torch.bfloat16)
 
+    @staticmethod
+    def _fc1_out_hp(mod: nn.Module, ln: torch.Tensor) -> torch.Tensor:
+        """fc1's output (bf16) in a BF16 block: bf16 operands, fp32 accumulation, plus its bias."""
+        h = ln.to(torch.bfloat16).float() @ _hp(mod.fc1_weight).float().t()
+        bias = getattr(mod, "fc1_bias", None)
+        if isinstance(bias, torch.Tensor) and bias.numel():
+            h = h + bias.float()
+        return h.to(torch.bfloat16)
+
+    def _cf_forward(self, name: str, x: torch.Tensor, w) -> None:
+        """The counterfactual candidates' forward rows of one GEMM (bf16 input, bf16 W)."""
+        if self.cf is not None and self.rows is not None:
+            self.cf.forward(name, x.detach().to(torch.bfloat16), _hp(w))
+
     def _fused(self, name: str) -> dict[str, bool]:
         """Where TE casts this linear's operands inside the kernel that makes them (fp32, unrounded)."""
         from harness.backends.emulated import fused_casts
 
         return fused_casts(name, self.recipe_of(name), self.activation)
+
+
+def _hp(w) -> torch.Tensor:
+    """bf16 W: the parameter, or an FP8 param's dequantized codes."""
+    if _is_te_quantized(w):
+        return w.dequantize(dtype=torch.float32).to(torch.bfloat16)
+    return w.detach().to(torch.bfloat16)
 
 
 def _deq(q) -> torch.Tensor:

@@ -125,6 +125,9 @@ class StabilityConfig:
     """How many blocks at the end stay BF16 when first_last_layers_bf16."""
     overrides: list[ModuleOverride] = field(default_factory=list)
     """Per-module overrides by name pattern, applied in order (last match wins)."""
+    plan_file: str | None = None
+    """A precision plan (`python -m harness.plan`) whose per-module overrides are loaded before
+    `overrides` (which still win); null = none."""
 
 
 @dataclass
@@ -393,6 +396,10 @@ class TelemetryConfig:
     moe_experts_per_layer: int = 4
     """Experts per MoE layer and telemetry step whose rows are kept whole: the worst by SQNR (the
     lowest of their operands'); the others' rows are summed up as their max and median."""
+    candidates: list[Any] = field(default_factory=list)
+    """Counterfactual recipes every block GEMM's operands are also quantized with on telemetry steps
+    (numerics.jsonl rows with a `candidate`; training unchanged): a recipe name or {name: ..., field:
+    value}, e.g. [mxfp8, nvfp4, {name: blockwise, w_block_dim: 1}]; [] = none."""
 
 
 OBJECTIVES = ("autoregressive", "masked_diffusion")

@@ -121,6 +121,8 @@ ADDED: dict[str, Change] = {c.field: c for c in (
            "17e3316",
            "every model was trained on the next token with causal attention; the other fields are read "
            "only with objective=masked_diffusion"),
+    Change("TelemetryConfig.candidates", [], "fabae69", "no counterfactual rows; training never reads it"),
+    Change("StabilityConfig.plan_file", None, "fabae69", "no plan: the overrides were all there was"),
 )}
 
 _HEAD = "the FP8 LM head failed the loss check (benchmarks/RESULTS.md, 'Loss checks of the TE options')"

@@ -2,6 +2,10 @@
 
 Pure and shared by both backends, so the emulated and TE models quantize the same modules.
 The LM head, embeddings, norms and attention are never quantized (docs/numerics.md section 1).
+
+A precision plan file (`python -m harness.plan`, loaded by `stability=plan stability.plan_file=PATH`)
+is a list of per-module overrides with the goal and inputs that made it; `plan_overrides` reads it
+into `ModuleOverride`s that go before the config's own `stability.overrides` (which still win).
 """
 
 from __future__ import annotations
@@ -10,8 +14,10 @@ import dataclasses
 import fnmatch
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness import recipes
+from harness.config.errors import ConfigError
 from harness.config.schema import ModelConfig, ModuleOverride, RecipeConfig, StabilityConfig
 
 _LAYER = re.compile(r"^blocks\.(\d+)\.")
@@ -82,3 +88,67 @@ class PrecisionPlan:
     def quantized_modules(self, names: list[str]) -> dict[str, str]:
         """name -> recipe name (the BF16 baseline's where unquantized), for run.json."""
         return {n: (r.name if (r := self.recipe_for(n)) is not None else recipes.BASELINE) for n in names}
+
+
+PLAN_PRESET = "plan"
+"""The stability preset that reads `stability.plan_file` (conf/stability/plan.yaml). Under any other
+preset the file is left unread, so a sweep can hand every arm the same `stability.plan_file` and
+only its plan arm runs it (sweeps/plan_check.yaml)."""
+PLAN_FORMAT = "lowp-precision-plan/1"
+
+
+def read_plan(path: str) -> dict:
+    """A plan file's contents; ConfigError naming the option and the fix where it is unreadable."""
+    import yaml
+
+    where = f"stability.plan_file={path}"
+    try:
+        plan = yaml.safe_load(Path(path).expanduser().read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{where}: cannot read it ({type(e).__name__}: {e}); give a file written by "
+                          "`python -m harness.plan`") from None  # fmt: skip
+    if (
+        not isinstance(plan, dict)
+        or plan.get("format") != PLAN_FORMAT
+        or not isinstance(plan.get("overrides"), list)
+    ):
+        raise ConfigError(
+            f"{where}: not a precision plan ({PLAN_FORMAT}); write one with `python -m harness.plan`"
+        )
+    return plan
+
+
+def plan_overrides(stability: StabilityConfig) -> list[ModuleOverride]:
+    """The plan file's per-module overrides (none without a file or outside the `plan` preset)."""
+    if stability.name != PLAN_PRESET:
+        return []
+    if not stability.plan_file:
+        raise ConfigError(
+            "stability=plan needs stability.plan_file=PATH (a plan written by `python -m harness.plan`)"
+        )
+    out = []
+    for i, ov in enumerate(read_plan(stability.plan_file)["overrides"]):
+        if (
+            not isinstance(ov, dict)
+            or not {"pattern", "recipe"} <= set(ov)
+            or set(ov) - {"pattern", "recipe", "fields"}
+        ):
+            raise ConfigError(
+                f"stability.plan_file={stability.plan_file}: overrides[{i}] = {ov!r} is not "
+                "{pattern, recipe, fields}; write the plan with `python -m harness.plan`"
+            )
+        out.append(
+            ModuleOverride(
+                pattern=str(ov["pattern"]), recipe=str(ov["recipe"]), fields=dict(ov.get("fields") or {})
+            )
+        )
+    return out
+
+
+def load_plan(stability: StabilityConfig) -> None:
+    """Put the plan file's overrides before `stability.overrides`, once (a config loaded again, as on
+    resume, already holds them)."""
+    loaded = plan_overrides(stability)
+    have = [(o.pattern, o.recipe, dict(o.fields)) for o in stability.overrides[: len(loaded)]]
+    if loaded and have != [(o.pattern, o.recipe, o.fields) for o in loaded]:
+        stability.overrides = [*loaded, *stability.overrides]

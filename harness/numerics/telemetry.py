@@ -22,6 +22,15 @@ LAYER, TENSOR = "layer", "tensor"
 TENSORS = ("input", "weight", "grad")
 AMAX, SCALE, UNDERFLOW, SATURATION, SQNR_DB = "amax", "scale", "underflow", "saturation", "sqnr_db"
 STATS = (AMAX, SCALE, UNDERFLOW, SATURATION, SQNR_DB)
+# counterfactual rows (harness.numerics.counterfactual): the same columns plus these
+CANDIDATE = "candidate"
+"""The candidate recipe's label (recipes.label) a counterfactual row quantized with."""
+SCALE_SPREAD = "scale_spread_log2"
+"""log2(largest / smallest block scale) of an operand's copy; 0 for one scale per tensor."""
+REL_ERR = "rel_err"
+"""A GEMM row's ||GEMM(candidate operands) - GEMM(high precision)|| / ||GEMM(high precision)||."""
+GEMMS = ("fprop", "dgrad", "wgrad")
+"""The `tensor` of a counterfactual GEMM row."""
 EXPERT = re.compile(r"^(?P<group>.+\.experts)\.(?P<fc>fc[12])\.(?P<expert>\d+)$")
 """An expert's GEMM in a row's layer name: `blocks.3.mlp.experts.fc1.5` (group, fc1, expert 5)."""
 OTHERS = ("max", "median")
@@ -58,6 +67,11 @@ def tensor_row(layer: str, tensor: str, x: torch.Tensor, q) -> dict:
         SATURATION: float(sat()) / x.numel() if sat is not None and x.numel() else None,
         SQNR_DB: sqnr_db(x, deq),
     }
+
+
+def trained(rows: list[dict]) -> list[dict]:
+    """The rows of the operands the run itself quantized (no counterfactual candidate's)."""
+    return [r for r in rows if CANDIDATE not in r]
 
 
 class TelemetrySink:

@@ -92,6 +92,7 @@ def backend_spec(cfg: Config) -> BackendSpec:
         optimizer=cfg.optimizer,
         seed=cfg.seed,
         options=cfg.backend,
+        telemetry=cfg.telemetry,
     )
 
 
@@ -258,7 +259,7 @@ class Trainer:
         rows = T.expert_rows(rows, self.cfg.telemetry.moe_experts_per_layer)  # MoE: N worst experts
         self.writer.numerics([{M.STEP: step + 1, **r} for r in rows])
         flat = {M.STEP: step + 1, M.TOKENS: (step + 1) * self.tokens_per_step}
-        for r in rows:
+        for r in T.trained(rows):  # candidates' rows: numerics.jsonl only
             for stat in T.STATS:
                 flat[f"{M.NUMERICS}/{r[T.LAYER]}/{r[T.TENSOR]}/{stat}"] = r.get(stat)
         self.writer.metrics(flat)

@@ -17,7 +17,7 @@ from harness.config.paths import CONF_DIR
 from harness.config.schema import Config
 from harness.config.store import register_schema, to_config
 from harness.interop.hf_config import hf_field
-from harness.model.plan import OVERRIDE_FIELDS, override_recipe
+from harness.model.plan import OVERRIDE_FIELDS, load_plan, override_recipe
 from harness.validation.rules import validate
 
 
@@ -49,7 +49,8 @@ def compose_config(overrides: list[str] | None = None) -> Config:
 def resolve_overrides(cfg: Config) -> None:
     """Fill each stability override's `resolved` with the full recipe that module runs: the run's
     own recipe where the override names it, else the registry's preset (conf/recipe agrees), with
-    the override's `fields` on top."""
+    the override's `fields` on top. A precision plan file's overrides come first (load_plan)."""
+    load_plan(cfg.stability)
     for ov in cfg.stability.overrides:
         if ov.resolved is not None or ov.recipe not in recipes.names() or set(ov.fields) - OVERRIDE_FIELDS:
             continue  # already resolved, or unknown (validation names it)

@@ -1,0 +1,76 @@
+"""A precision plan as a Transformer Engine `CustomRecipe` factory, for TE users without Megatron.
+
+    from transformer_engine.common.recipe import CustomRecipe
+    from harness.interop.te_plan import plan_qfactory
+    recipe = CustomRecipe(qfactory=plan_qfactory("plan.yaml"))
+    with te.autocast(recipe=recipe): ...      # the model's Linears built with name="blocks.3.mlp.fc1"
+
+TE asks the factory for each quantizer slot with a `QuantizerRole` (TE 2.20.2
+pytorch/quantization.py:57-96) whose `name` is the module's `name=` argument (Linear's
+`get_quantizer_roles`, module/linear.py:2255-2281). The factory finds that module in the plan (its
+lowp name, or its Megatron path `decoder.layers.3.mlp.linear_fc1`, with any prefix) and returns the
+quantizer of TE's own factory for the module's recipe at TE's defaults
+(custom_recipes/quantizer_factories.py: current_scaling_factory, float8_block_scaling_factory,
+mxfp8_factory, nvfp4_factory); BF16 modules, unnamed slots and modules the plan does not name get
+TE's IdentityQuantizer (high precision). A plan module whose recipe sets fields away from its preset
+is refused when the factory is made, in one line (as the Megatron file refuses it).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from harness import recipes
+from harness.interop.megatron_precision import NotExpressible, megatron_path
+from harness.model.plan import read_plan
+
+TE_FACTORIES = "transformer_engine.pytorch.custom_recipes.quantizer_factories"
+FACTORY_OF = {
+    "Float8CurrentScaling": "current_scaling_factory",
+    "Float8BlockScaling": "float8_block_scaling_factory",
+    "MXFP8BlockScaling": "mxfp8_factory",
+    "NVFP4BlockScaling": "nvfp4_factory",
+}
+"""TE recipe class (the registry's te_recipe_class) -> TE's factory that mirrors its defaults."""
+HIGH_PRECISION = "high_precision_factory"
+
+
+def module_factories(path: str) -> dict[str, str]:
+    """Module name (lowp's and Megatron's path) -> the TE factory name its plan recipe uses."""
+    plan = read_plan(path)
+    out: dict[str, str] = {}
+    for ov in plan["overrides"]:
+        name, spec = ov["pattern"], recipes.get(ov["recipe"])
+        if ov.get("fields"):
+            raise NotExpressible(f"module {name}: {ov['recipe']} with fields {ov['fields']}; TE's factories "
+                                 "mirror the recipes' defaults only")  # fmt: skip
+        factory = HIGH_PRECISION if spec.scheme is None else FACTORY_OF.get(spec.te_recipe_class or "")
+        if factory is None:
+            raise NotExpressible(f"module {name}: {ov['recipe']} has no TE factory at its defaults")
+        out[name] = factory
+        try:
+            out[megatron_path(name)] = factory
+        except NotExpressible:
+            pass
+    return out
+
+
+def factory_for(factories: dict[str, str], name: str) -> str:
+    """The factory name of a module instance name: exact, else the longest plan name it ends with
+    after a '.' (a wrapper's prefix), else high precision."""
+    if name in factories:
+        return factories[name]
+    ends = [k for k in factories if name.endswith("." + k)]
+    return factories[max(ends, key=len)] if ends else HIGH_PRECISION
+
+
+def plan_qfactory(path: str):
+    """TE `CustomRecipe(qfactory=...)`: role -> the TE quantizer the plan gives that module's slot."""
+    factories = module_factories(path)
+    te = importlib.import_module(TE_FACTORIES)
+
+    def qfactory(role):
+        name = getattr(role, "name", "") or ""
+        return getattr(te, factory_for(factories, name))(role)
+
+    return qfactory

@@ -1,0 +1,123 @@
+"""Counterfactual telemetry (telemetry.candidates): rows per layer, role and candidate on the
+emulated backend, training unchanged to the bit, candidates refused with one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from analysis import keys as A
+from harness.numerics import counterfactual as C
+from harness.numerics import telemetry as T
+from harness.numerics.quantizers import make_quantizer
+from harness.train import run
+from tests.helpers import TINY, compose_cfg
+
+CANDIDATES = "telemetry.candidates=[mxfp8,nvfp4,{name:blockwise,w_block_dim:1},int4_qat]"
+RUN = [*TINY, "steps=3", "log_interval=1", "eval_interval=0", "checkpoint_interval=0", "backend=emulated",
+       "hardware=cpu", "telemetry_interval=2"]  # fmt: skip
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def nvfp4_pair(tmp_path_factory):
+    """An NVFP4 run (stochastic rounding: the run's own generator) with and without candidates."""
+    out = {}
+    for tag, extra in (("plain", []), ("cf", [CANDIDATES])):
+        d = tmp_path_factory.mktemp(tag)
+        assert run(compose_cfg(*RUN, "recipe=nvfp4", *extra), d).status == "completed"
+        out[tag] = d
+    return out
+
+
+def test_candidates_leave_training_unchanged_to_the_bit(nvfp4_pair):
+    curves = {
+        tag: [(r["step"], r[A.LOSS_TRAIN], r.get(A.GRAD_NORM)) for r in _jsonl(d / A.METRICS_JSONL)
+              if A.LOSS_TRAIN in r]
+        for tag, d in nvfp4_pair.items()
+    }  # fmt: skip
+    assert len(curves["plain"]) == 3
+    assert curves["plain"] == curves["cf"]
+    own = [r for r in _jsonl(nvfp4_pair["cf"] / A.NUMERICS_JSONL) if A.TELEMETRY_CANDIDATE not in r]
+    assert own == _jsonl(nvfp4_pair["plain"] / A.NUMERICS_JSONL)  # the run's own rows, as they were
+
+
+def test_rows_per_layer_role_and_candidate(nvfp4_pair):
+    rows = [r for r in _jsonl(nvfp4_pair["cf"] / A.NUMERICS_JSONL) if A.TELEMETRY_CANDIDATE in r]
+    layers = {f"blocks.{i}.{m}" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")}
+    cands = {"mxfp8", "nvfp4", "blockwise + w_block_dim=1", "int4_qat"}
+    assert {r[A.TELEMETRY_CANDIDATE] for r in rows} == cands
+    assert {r["step"] for r in rows} == {1, 3}  # telemetry steps only
+    got = {(r[A.TELEMETRY_LAYER], r[A.TELEMETRY_TENSOR], r[A.TELEMETRY_CANDIDATE]) for r in rows}
+    for layer in layers:
+        for c in cands:
+            roles = ("weight",) if c == "int4_qat" else A.TELEMETRY_TENSORS
+            assert {(layer, t, c) for t in (*roles, *A.TELEMETRY_GEMMS)} <= got
+    for r in rows:
+        if r[A.TELEMETRY_TENSOR] in A.TELEMETRY_GEMMS:
+            assert 0 <= r[A.TELEMETRY_REL_ERR] < 0.5, r
+        else:
+            assert set(A.TELEMETRY_STATS) | {A.TELEMETRY_SCALE_SPREAD} <= set(r)
+    by = {(r[A.TELEMETRY_TENSOR], r[A.TELEMETRY_CANDIDATE]): r for r in rows if r["step"] == 1
+          and r[A.TELEMETRY_LAYER] == "blocks.0.mlp.fc1"}  # fmt: skip
+    assert by[("fprop", "mxfp8")][A.TELEMETRY_REL_ERR] < by[("fprop", "nvfp4")][A.TELEMETRY_REL_ERR]
+    assert by[("wgrad", "int4_qat")][A.TELEMETRY_REL_ERR] == 0.0  # INT4 QAT: bf16 x and dy
+    assert by[("weight", "mxfp8")][A.TELEMETRY_SCALE_SPREAD] > 0
+
+
+def test_candidate_rows_match_the_emulator():
+    """A candidate's rows are the quantizer's own: SQNR as tensor_row reads it, the fprop error of
+    the dequantized operands' product; dgrad from W's columnwise copy."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 128, generator=g).to(torch.bfloat16)
+    w = (torch.randn(32, 128, generator=g) * 0.02).to(torch.bfloat16)
+    dy = torch.randn(64, 32, generator=g).to(torch.bfloat16)
+    (cand,) = C.parse(["blockwise"])
+    cf = C.Counterfactual([cand])
+    with cf.collect([]) as rows:
+        cf.forward("blocks.0.mlp.fc1", x, w)
+        cf.backward("blocks.0.mlp.fc1", dy)
+    by = {r[T.TENSOR]: r for r in rows}
+    qx = make_quantizer(cand.recipe, "input").quantize(x)
+    qw = make_quantizer(cand.recipe, "weight").quantize(w)
+    assert by["input"][T.SQNR_DB] == T.tensor_row("l", "input", x, qx)[T.SQNR_DB]
+    ref = x.float() @ w.float().t()
+    assert by["fprop"][T.REL_ERR] == C.rel_err(qx.dequantize() @ qw.dequantize().t(), ref)
+    wc = make_quantizer(cand.recipe, "weight").quantize(w, True).dequantize()
+    assert by["dgrad"][T.REL_ERR] == C.rel_err(
+        make_quantizer(cand.recipe, "grad").quantize(dy).dequantize() @ wc, dy.float() @ w.float()
+    )
+    assert by["weight"][T.SCALE_SPREAD] == 0.0  # 128x128 tiles: one block here
+    assert by["input"][T.SCALE_SPREAD] > 0 and math.isfinite(by["input"][T.SCALE_SPREAD])
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ("delayed", "use tensorwise"),
+        ("bf16", "quantizes nothing"),
+        ("fp9", "give a recipe name"),
+        ({"name": "nvfp4", "bogus": 1}, "unknown recipe field"),
+    ],
+)
+def test_bad_candidates_are_refused_in_one_line(entry, says):
+    with pytest.raises(ValueError, match=says) as e:
+        C.parse(["mxfp8", entry])
+    assert "telemetry.candidates[1]" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_failing_candidate_gemm_warns_and_never_breaks_the_step():
+    (cand,) = C.parse(["mxfp8"])
+    cf = C.Counterfactual([cand])
+    x, w = torch.ones(64, 128), torch.ones(32, 64)  # K mismatch: the candidate GEMM cannot run
+    with pytest.warns(C.CounterfactualWarning, match="1 GEMM\\(s\\) gave no rows, first: RuntimeError"):
+        with cf.collect([]) as rows:
+            cf.forward("blocks.0.mlp.fc1", x, w)
+            cf.backward("blocks.0.mlp.fc1", torch.ones(64, 32))  # nothing saved for it: no row, no error
+    assert [r for r in rows if r[T.TENSOR] == "fprop"] == []
