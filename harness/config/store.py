@@ -18,6 +18,7 @@ GROUPS = {
     "backend": schema.BackendConfig,
     "logger": schema.LoggerConfig,
     "parallel": schema.ParallelConfig,
+    "schedule": schema.ScheduleConfig,
 }
 
 

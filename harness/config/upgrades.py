@@ -115,6 +115,10 @@ ADDED: dict[str, Change] = {c.field: c for c in (
     Change("RecipeConfig.nvfp4_4over6_e4m3_use_256", "all", _TE220, "read only with nvfp4_4over6 set"),
     Change("RecipeConfig.nvfp4_4over6_err_mode", "MAE", _TE220, "read only with nvfp4_4over6 set"),
     Change("RecipeConfig.enable_2d_quantization", False, _TE220, "MXFP8 weights had 1x32 blocks"),
+    Change("Config.schedule", {"name": "none", "phases": []}, "unreleased",
+           "no phases: the recipe group ran the whole run"),
+    Change("Config.warm_start", None, "unreleased",
+           "a run started from its seeded init or its own checkpoint"),
 )}
 
 _HEAD = "the FP8 LM head failed the loss check (benchmarks/RESULTS.md, 'Loss checks of the TE options')"
