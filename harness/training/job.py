@@ -26,6 +26,7 @@ from harness.lifecycle.artifacts import NullWriter, RunWriter, Summary, provenan
 from harness.lifecycle.loggers import NullLogger, open_logger, sweep_group, wandb_config
 from harness.lifecycle.runlock import RunDirLocked, RunLock
 from harness.lifecycle.signals import StopRequest
+from harness.model import schedule
 from harness.parallel import agree
 from harness.parallel import process as D
 from harness.parallel.agree import RankFailed
@@ -308,6 +309,8 @@ def _run_json(
         grad_accumulation=trainer.accum,
         parallel=trainer.parallel.describe(),
     )
+    if cfg.schedule.phases:  # each phase's first step and full recipe (docs/schedules.md)
+        prov.update(schedule=schedule.describe(cfg.recipe, cfg.schedule, cfg.steps))
     attempts = (previous or {}).get("attempts", []) + [R.attempt(resumed_from)]
     return {
         "config": config,

@@ -61,7 +61,10 @@ def rss_gib() -> float:
 
 
 def variant(cfg: Config) -> str:
-    return f"{cfg.stability.name}+{cfg.optimizer.name}"
+    """The run's stability and optimizer presets (and its schedule's, when it has one): with the
+    recipe label and backend, what tells a sweep's arms apart."""
+    base = f"{cfg.stability.name}+{cfg.optimizer.name}"
+    return f"{base}+{cfg.schedule.name}" if cfg.schedule.phases else base
 
 
 def seed_everything(seed: int) -> None:
@@ -339,10 +342,13 @@ class Trainer:
 
     def load_state_dict(self, state: dict, summary: Summary, warm_from: RecipeConfig | None = None) -> None:
         """`state` holds whole tensors (a checkpoint of any world size): FSDP2 keeps its shards.
-        The model is first rebuilt for the schedule's phase at the checkpoint's step. `warm_from`:
+        The model is first rebuilt for the schedule's phase the checkpoint was saved in. `warm_from`:
         a warm start (cfg.warm_start) from a checkpoint of that recipe, whose scale state is left out
         unless it and this run's recipe are both delayed scaling (as a schedule's switch does)."""
-        phase = S.phase_at(self.cfg.schedule, self.cfg.steps, state["step"])
+        if warm_from is None:  # a resume: the phase it was saved in (a switch due at its step follows)
+            phase = (state.get("schedule") or {}).get("phase", 0)
+        else:  # a warm start goes on in the phase this run's schedule has at the checkpoint's step
+            phase = S.phase_at(self.cfg.schedule, self.cfg.steps, state["step"])
         if phase != self.phase:
             self._rebuild(phase)
         self._load_weights(state)
