@@ -239,3 +239,17 @@ def test_a_warm_start_of_another_stream_is_refused(runs, tmp_path):
     with pytest.raises(ConfigError, match=r"warm_start=.*seed: 0 -> 1"):
         T.run(cfg, tmp_path / "b")
     assert not (tmp_path / "b" / "run.json").exists()
+
+
+def test_the_report_marks_where_a_schedule_switches(runs, tmp_path):
+    from analysis import plots
+    from analysis.pairing import compare
+    from analysis.reader import load_runs
+
+    *_, sched = runs("nvfp4-bf16")
+    T.run(compose_cfg(*RUN, "recipe=bf16"), tmp_path / "bf16")  # the group's BF16 baseline
+    (group,) = compare(load_runs([sched, tmp_path / "bf16"])).groups
+    fig = plots.loss_curves(group)
+    per_step = json.loads((sched / "run.json").read_text())["provenance"]["tokens_per_step"]
+    marks = [ln for ln in fig.axes[0].lines if str(ln.get_label()).endswith("bf16 from here")]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [K * per_step] * 2
