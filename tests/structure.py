@@ -55,6 +55,7 @@ FLOORS: dict[str, int] = {
 ENTRY_POINTS = {"harness/train.py", "harness/megatron.py", "harness/sweep.py", "harness/export.py"}
 ROOT_CONFIG_ROOMS = ("harness/config/", "harness/validation/", "harness/training/", "harness/multirun/")
 ROOT_CONFIG_ROOMS += ("harness/interop/megatron.py",)  # the Megatron command maps the whole config
+ROOT_CONFIG_ROOMS += ("harness/interop/megatron_schedule.py",)  # a Megatron command per schedule phase
 BACKEND_FACTORY = {"harness/backends/__init__.py", "harness/backends/capability.py"}
 
 
