@@ -17,7 +17,7 @@ from tests.test_megatron_parallel import megatron_refusals
 
 # the flags the schedule adds, each in Megatron-LM d98e8a6's parser: --save, --load, --ckpt-format
 # (CheckpointConfig fields, megatron/training/config/training_config.py, made flags by
-# ArgumentGroupFactory in arguments.py:3006), --exit-interval (TrainingConfig.exit_interval),
+# ArgumentGroupFactory in arguments.py:3008), --exit-interval (TrainingConfig.exit_interval),
 # --ckpt-drop-redundant-extra-state (arguments.py:3036)
 SCHEDULE_FLAGS = {"--save", "--load", "--ckpt-format", "--exit-interval", "--ckpt-drop-redundant-extra-state"}
 BASE = ["model=gpt_tiny", "steps=100", "data=synthetic"]

@@ -1,6 +1,6 @@
 """Precision schedules on the TE backend (H200, TE 2.20.2): the switch gives TE's modules fresh
 quantizers where TE itself, handed a changed recipe of the same class, keeps the old ones
-(transformer_engine/pytorch/module/base.py:1111-1131), and two schedules train a few steps on gpt_tiny
+(transformer_engine/pytorch/module/base.py:1111-1135), and two schedules train a few steps on gpt_tiny
 and qwen3_moe_tiny: tensorwise then BF16, and blockwise with its backward in high precision for the
 last steps (TE runs backward_override only without LayerNormMLP: an MoE model).
 

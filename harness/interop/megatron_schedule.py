@@ -5,7 +5,7 @@ directory (Megatron-LM d98e8a6, read for these flags):
 - every command: `--train-iters` of the whole run (so the LR schedule spans the run, as lowp's does),
   `--save DIR --ckpt-format torch_dist --ckpt-drop-redundant-extra-state`;
 - every phase but the last: `--exit-interval K`, K the next phase's first step; Megatron saves a
-  checkpoint at K and exits (training.py:4131-4148). Not `--phase-transition-iterations`: that flag
+  checkpoint at K and exits (training.py:4129-4148). Not `--phase-transition-iterations`: that flag
   also restarts the data stream at each transition (training.py:5445-5451, 5495-5498), where lowp's
   data position carries over;
 - every phase but the first: `--load DIR`, without `--finetune`, `--no-load-optim` or `--no-load-rng`,
@@ -16,8 +16,8 @@ directory (Megatron-LM d98e8a6, read for these flags):
   (checkpointing.py:1636-1727). A freshly built TE module has an empty `_extra_state`, so the next
   phase requests none of the checkpoint's: its TE modules start with fresh quantizers and scale state,
   as lowp's switch does. Without the flag, TE 2.20.2's set_extra_state would restore the previous
-  recipe object (module/base.py:1457-1463), and a module whose recipe class is unchanged would keep
-  that recipe's quantizers (module/base.py:1111-1131).
+  recipe object (module/base.py:1456-1463), and a module whose recipe class is unchanged would keep
+  that recipe's quantizers (module/base.py:1111-1135).
 """
 
 from __future__ import annotations
