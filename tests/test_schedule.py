@@ -7,6 +7,7 @@ in the metrics and run.json; bad schedules are one `error:` line with exit code 
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -253,3 +254,23 @@ def test_the_report_marks_where_a_schedule_switches(runs, tmp_path):
     per_step = json.loads((sched / "run.json").read_text())["provenance"]["tokens_per_step"]
     marks = [ln for ln in fig.axes[0].lines if str(ln.get_label()).endswith("bf16 from here")]
     assert len(marks) == 1 and list(marks[0].get_xdata()) == [K * per_step] * 2
+
+
+@pytest.mark.slow
+def test_sigkill_in_each_phase_then_identical(tmp_path):
+    """Two SIGKILLs of a forked run (tests/test_resume.py's harness: 14 steps, checkpoints every 3),
+    one in each phase of nvfp4 then BF16 from step 7; the resumed run equals the uninterrupted one."""
+    from tests.test_resume import RUN as KILLED_RUN
+    from tests.test_resume import assert_same, attempt
+
+    overrides = [*KILLED_RUN, "recipe=nvfp4", "schedule.phases=[{at_step: 7, recipe: bf16}]"]
+    assert attempt(tmp_path / "reference", overrides) == 0
+    for step in (5, 10):  # after the checkpoints at 3 (phase 0) and 9 (phase 1)
+        status = attempt(tmp_path / "killed", overrides, fault_step=step, sig=signal.SIGKILL)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (step, status)
+    assert attempt(tmp_path / "killed", overrides) == 0
+    assert_same(tmp_path / "reference", tmp_path / "killed")
+    resumed = [
+        a["resumed_from_step"] for a in json.loads((tmp_path / "killed" / "run.json").read_text())["attempts"]
+    ]
+    assert resumed == [None, 3, 9]
