@@ -1,8 +1,9 @@
 """Precision schedules on the TE backend (H200, TE 2.20.2): the switch gives TE's modules fresh
 quantizers where TE itself, handed a changed recipe of the same class, keeps the old ones
-(transformer_engine/pytorch/module/base.py:1111-1135), and two schedules train a few steps on gpt_tiny
-and qwen3_moe_tiny: tensorwise then BF16, and blockwise with its backward in high precision for the
-last steps (TE runs backward_override only without LayerNormMLP: an MoE model).
+(transformer_engine/pytorch/module/base.py:1111-1135); delayed to delayed keeps TE's scale state; and
+two schedules train a few steps on gpt_tiny and qwen3_moe_tiny: tensorwise then BF16, and blockwise
+with its backward in high precision for the last steps (TE runs backward_override only without
+LayerNormMLP: an MoE model).
 
     python -m benchmarks.gpu_tests --spec gpu_tests_schedule --out $OUT
 """
@@ -95,3 +96,23 @@ def test_blockwise_with_a_high_precision_backward_at_the_end_trains(tmp_path):
     info = json.loads((tmp_path / "run.json").read_text())
     last = info["provenance"]["schedule"][1]
     assert last["recipe"]["backward_override"] == "high_precision" and last["start_step"] == 9
+
+
+def test_delayed_to_delayed_keeps_te_scale_state(tmp_path):
+    """Both phases delayed scaling: TE's amax histories and scales carry over into the new modules."""
+    phases = "schedule.phases=[{at_step: 2, fields: {fp8: e4m3}}]"
+    tr = Trainer(load([*BASE, "model=gpt_tiny", "steps=4", "recipe=delayed", phases]), tmp_path)
+    tr.train_step(0)
+    tr.train_step(1)
+    before = {
+        n: {k: {a: t.clone() for a, t in v.items()} for k, v in e.items()}
+        for n, e in tr.backend.state_dict().items()
+    }
+    assert before and any(bool((e["scaling_fwd"]["scale"] != 1).any()) for e in before.values())
+    tr.enter_phase(1)
+    after = tr.backend.state_dict()
+    assert after.keys() == before.keys()
+    for name, entry in before.items():
+        for key, tensors in entry.items():
+            assert all(torch.equal(t, after[name][key][a]) for a, t in tensors.items()), (name, key)
+    assert tr.train_step(2)[0].isfinite()
