@@ -274,3 +274,16 @@ def test_sigkill_in_each_phase_then_identical(tmp_path):
         a["resumed_from_step"] for a in json.loads((tmp_path / "killed" / "run.json").read_text())["attempts"]
     ]
     assert resumed == [None, 3, 9]
+
+
+def test_a_schedule_is_a_sweep_axis():
+    from harness.multirun.spec import build_jobs
+
+    jobs, _ = build_jobs("schedule_cpu", [])  # arms of a named sweep
+    arms = {j.arm: j.overrides for j in jobs}
+    assert "schedule=bf16_last10pct" in arms["nvfp4-bare-bf16-last10pct"]
+    assert "schedule=hp_backward_last10pct" in arms["tensorwise-hp-backward-last10pct"]
+    assert not any(o.startswith("schedule=") for o in arms["nvfp4-bare"])
+    jobs, _ = build_jobs("cpu_compare", ["schedule=none,bf16_last10pct"])  # a command-line axis
+    swept = {o for j in jobs for o in j.overrides if o.startswith("schedule=")}
+    assert swept == {"schedule=none", "schedule=bf16_last10pct"}
