@@ -7,6 +7,7 @@ run directory, and benchmarks time its `train_step` alone.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import random
@@ -194,6 +195,7 @@ class Trainer:
     def _rebuild(self, phase: int) -> None:
         """Drop this phase's objects (their memory goes first), then build phase `phase`'s."""
         self.backend = self.model = self.parallel = self.optimizer = self.moe = None
+        gc.collect()  # modules in reference cycles (hooks, probes) would keep their device memory
         self._build(phase)
 
     def enter_phase(self, phase: int) -> None:
