@@ -18,8 +18,9 @@ from tests.test_megatron_parallel import megatron_refusals
 # the flags the schedule adds, each in Megatron-LM d98e8a6's parser: --save, --load, --ckpt-format
 # (CheckpointConfig fields, megatron/training/config/training_config.py, made flags by
 # ArgumentGroupFactory in arguments.py:3008), --exit-interval (TrainingConfig.exit_interval),
-# --ckpt-drop-redundant-extra-state (arguments.py:3036)
-SCHEDULE_FLAGS = {"--save", "--load", "--ckpt-format", "--exit-interval", "--ckpt-drop-redundant-extra-state"}
+# --ckpt-drop-redundant-extra-state (arguments.py:3036); --save-interval (CheckpointConfig.save_interval)
+SCHEDULE_FLAGS = {"--save", "--save-interval", "--load", "--ckpt-format", "--exit-interval"}
+SCHEDULE_FLAGS |= {"--ckpt-drop-redundant-extra-state"}
 BASE = ["model=gpt_tiny", "steps=100", "data=synthetic"]
 SCHEDULES = {
     "nvfp4-bf16": ["recipe=nvfp4", "schedule=bf16_last10pct"],
@@ -52,6 +53,8 @@ def test_each_phase_is_a_command_megatron_accepts(name):
         assert "--ckpt-drop-redundant-extra-state" in f  # the next phase loads no recipe-only FP8 state
         assert f.get("--load") == (None if i == 0 else "/ckpt")
         assert f.get("--exit-interval") == (str(starts[i + 1]) if i + 1 < len(starts) else None)
+        end = starts[i + 1] if i + 1 < len(starts) else cfg.steps
+        assert f["--save-interval"] == str(end)  # --save needs a save interval > 0 (arguments.py:1361-1363)
         # what a warm start keeps: optimizer state, iteration and LR schedule, RNGs
         assert not {"--finetune", "--no-load-optim", "--no-load-rng", "--phase-transition-iterations"} & set(
             f

@@ -3,7 +3,9 @@ of the run's config in that phase's recipe (harness.interop.megatron), chained t
 directory (Megatron-LM d98e8a6, read for these flags):
 
 - every command: `--train-iters` of the whole run (so the LR schedule spans the run, as lowp's does),
-  `--save DIR --ckpt-format torch_dist --ckpt-drop-redundant-extra-state`;
+  `--save DIR --save-interval END --ckpt-format torch_dist --ckpt-drop-redundant-extra-state`, END the
+  phase's last step (the next phase's first, or the run's end: Megatron needs a save interval with
+  `--save`, arguments.py:1361-1363, and the first multiple of END after the phase's start is END);
 - every phase but the last: `--exit-interval K`, K the next phase's first step; Megatron saves a
   checkpoint at K and exits (training.py:4129-4148). Not `--phase-transition-iterations`: that flag
   also restarts the data stream at each transition (training.py:5445-5451, 5495-5498), where lowp's
@@ -42,13 +44,16 @@ def phase_configs(cfg: Config) -> list[Config]:
     ]
 
 
-def checkpoint_flags(index: int, starts: list[int], directory: str = CHECKPOINT_DIR) -> list[str]:
-    """The flags that chain phase `index` to its neighbours through one checkpoint directory."""
-    flags = ["--save", directory, "--ckpt-format", "torch_dist", "--ckpt-drop-redundant-extra-state"]
+def checkpoint_flags(index: int, starts: list[int], steps: int, directory: str = CHECKPOINT_DIR) -> list[str]:
+    """The flags that chain phase `index` to its neighbours through one checkpoint directory; its
+    checkpoint is saved where it ends (`--save` needs `--save-interval`: arguments.py:1361-1363)."""
+    end = starts[index + 1] if index + 1 < len(starts) else steps
+    flags = ["--save", directory, "--save-interval", str(end), "--ckpt-format", "torch_dist"]
+    flags += ["--ckpt-drop-redundant-extra-state"]
     if index > 0:
         flags += ["--load", directory]
     if index + 1 < len(starts):
-        flags += ["--exit-interval", str(starts[index + 1])]
+        flags += ["--exit-interval", str(end)]
     return flags
 
 
@@ -58,7 +63,7 @@ def schedule_args(cfg: Config, directory: str = CHECKPOINT_DIR) -> list[tuple[li
     out = []
     for i, phase in enumerate(phase_configs(cfg)):
         argv, notes = megatron_args(phase)
-        out.append((argv + checkpoint_flags(i, starts, directory), notes))
+        out.append((argv + checkpoint_flags(i, starts, cfg.steps, directory), notes))
     return out
 
 
@@ -70,7 +75,7 @@ def render_schedule(cfg: Config, fmt: str = "sh") -> str:
     blocks = []
     for i, phase in enumerate(phase_configs(cfg)):
         head = f"# phase {i}: steps {starts[i]}..{ends[i] - 1} in {recipes.label(phase.recipe)}"
-        text = render(phase, fmt) + joiner + joiner.join(_lines(checkpoint_flags(i, starts)))
+        text = render(phase, fmt) + joiner + joiner.join(_lines(checkpoint_flags(i, starts, cfg.steps)))
         blocks.append(f"{head}\n{text}")
     return "\n\n".join(blocks)
 
