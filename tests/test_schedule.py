@@ -287,3 +287,20 @@ def test_a_schedule_is_a_sweep_axis():
     jobs, _ = build_jobs("cpu_compare", ["schedule=none,bf16_last10pct"])  # a command-line axis
     swept = {o for j in jobs for o in j.overrides if o.startswith("schedule=")}
     assert swept == {"schedule=none", "schedule=bf16_last10pct"}
+
+
+def test_a_warm_start_without_a_checkpoint_is_one_line(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    code, err = run_main(
+        capsys,
+        T.main,
+        "harness.train",
+        *RUN,
+        f"warm_start={tmp_path / 'nothing'}",
+        f"hydra.run.dir={run_dir}",
+    )
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert (
+        code == 2 and len(lines) == 1 and "warm_start=" in lines[0] and "no usable checkpoint" in lines[0]
+    ), err
+    assert not (run_dir / "run.json").exists()
