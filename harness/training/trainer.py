@@ -201,7 +201,9 @@ class Trainer:
     def enter_phase(self, phase: int) -> None:
         """A precision schedule's switch (docs/schedules.md), before the phase's first step: a new
         backend, model and optimizer for its recipe, built as a warm start builds them (so TE's
-        modules get fresh quantizers and every quantized weight copy is made anew), then the weights,
+        modules get fresh quantizers, which TE 2.20.2 would not give the old modules when only a
+        recipe's fields change within one class: transformer_engine/pytorch/module/base.py:1111-1135,
+        and every quantized weight copy is made anew), then the weights,
         optimizer state and every RNG carried over, and the scale state only from one delayed-scaling
         recipe to another (S.carries_scale_state); the data position, LR schedule and metrics stay."""
         before, after = self.phase_recipes[self.phase], self.phase_recipes[phase]
