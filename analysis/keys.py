@@ -33,6 +33,9 @@ MOE_TOKENS_PER_EXPERT_MAX_MEAN = "moe/tokens_per_expert_max_mean"
 MOE_EXPERTS_WITHOUT_TOKENS = "moe/experts_without_tokens"
 MOE_ROUTER_ENTROPY = "moe/router_entropy"
 MOE_DROPPED_TOKENS = "moe/dropped_tokens"
+SCHEDULE_PHASE = "schedule/phase"
+"""A precision schedule's phase index in each logged row (0 = the recipe group; run.json's
+`schedule` names each phase's recipe and first step)."""
 METRIC_KEYS = (
     LOSS_TRAIN,
     LOSS_EVAL,
@@ -51,6 +54,7 @@ METRIC_KEYS = (
     MOE_EXPERTS_WITHOUT_TOKENS,
     MOE_ROUTER_ENTROPY,
     MOE_DROPPED_TOKENS,
+    SCHEDULE_PHASE,
 )
 NUMERICS_PREFIX = "numerics/"
 LOSS_EVAL_AT_T_PREFIX = "loss/eval_at_t/"  # masked diffusion: the eval loss at each mask ratio t

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from analysis import keys as K
 from analysis.pairing import EARLY_FRAC, PUBLIC_ANCHORS, Arm, Group, eval_at
+from analysis.schedule_marks import mark_switches
 from analysis.telemetry import group_cells
 
 _COLORS = {
@@ -99,6 +100,7 @@ def loss_curves(group: Group) -> Figure | None:
         ax.set_ylabel(ylabel)
         ax.set_title(f"{which} loss vs tokens", fontsize=10)
         ax.legend(fontsize=7)
+    mark_switches(fig.axes, group, colors)  # precision schedules: where each arm switches recipes
     fig.suptitle(f"{group.key}", fontsize=8)
     return fig
 

@@ -8,6 +8,7 @@ import sys
 from harness import recipes
 from harness.interop.megatron import __doc__ as MAPPING_DOC
 from harness.interop.megatron import render
+from harness.interop.megatron_schedule import render_schedule
 from harness.validation import ConfigError, load
 
 FORMATS = ("sh", "args")
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 f"seed={cfg.seed}: Megatron needs --seed >= 1 and lowp exports seed N as N+1; use seed >= 0"
             )
-        text = render(cfg, fmt)  # ConfigError: a setting lowp trains that Megatron cannot express
+        # ConfigError: a setting lowp trains that Megatron cannot express; a schedule: a command a phase
+        text = render_schedule(cfg, fmt) if cfg.schedule.phases else render(cfg, fmt)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

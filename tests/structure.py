@@ -62,6 +62,7 @@ ENTRY_POINTS = {
 }
 ROOT_CONFIG_ROOMS = ("harness/config/", "harness/validation/", "harness/training/", "harness/multirun/")
 ROOT_CONFIG_ROOMS += ("harness/interop/megatron.py",)  # the Megatron command maps the whole config
+ROOT_CONFIG_ROOMS += ("harness/interop/megatron_schedule.py",)  # a Megatron command per schedule phase
 BACKEND_FACTORY = {"harness/backends/__init__.py", "harness/backends/capability.py"}
 
 

@@ -133,8 +133,9 @@ class Backend(ABC):
         """Recipe scale state (amax histories, scales, stochastic-rounding generators) for checkpoints."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:  # noqa: B027
-        pass
+    def load_state_dict(self, state: dict, scales: bool = True) -> None:  # noqa: B027
+        """`scales=False`: only the random generators of `state`, not its scale state (a precision
+        schedule's switch to a recipe that starts afresh, a warm start; docs/schedules.md)."""
 
     def canonical_name(self, name: str) -> str:
         """A parameter's name in checkpoints: the emulated GPT's, the same on every backend."""

@@ -484,8 +484,11 @@ class EmulatedBackend(Backend):
     def state_dict(self) -> dict:
         return self.numerics.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.numerics.load_state_dict(state)
+    def load_state_dict(self, state: dict, scales: bool = True) -> None:
+        if scales:
+            self.numerics.load_state_dict(state)
+        elif "sr_generator" in state:  # stochastic rounding's stream goes on across a switch
+            self.numerics.generator.set_state(state["sr_generator"])
 
 
 @contextlib.contextmanager

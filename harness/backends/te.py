@@ -352,7 +352,11 @@ class TEBackend(Backend):
         with torch.no_grad(), self.autocast():
             self._model(idx)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, scales: bool = True) -> None:
+        """TE draws its random numbers (stochastic rounding) from torch's CUDA generator, which the
+        trainer's RNG state carries: `scales=False` loads nothing."""
+        if not scales:
+            return
         if state and not any(True for _ in self._fp8_metas()):
             self._prime()
         own = {(n, k): meta for n, k, meta in self._fp8_metas()}

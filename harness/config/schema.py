@@ -108,6 +108,34 @@ class ModuleOverride:
 
 
 @dataclass
+class SchedulePhase:
+    """One phase of a precision schedule: from its first step on, the run's GEMMs follow its recipe."""
+
+    at_step: int | None = None
+    """The phase's first step (optimizer steps done when it starts); exclusive with at_fraction."""
+    at_fraction: float | None = None
+    """The phase's first step as a fraction of the run's steps (round(fraction x steps)), in (0, 1)."""
+    recipe: str | None = None
+    """The phase's recipe family (conf/recipe); null = the run's recipe (the `recipe` group)."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    """Recipe fields that differ from the phase's preset (or from the run's recipe when `recipe` is
+    null or the run's), e.g. {backward_override: high_precision}; validated as recipe.* is."""
+    resolved: RecipeConfig | None = None
+    """Filled when the config is loaded: the full fields this phase runs (run.json records them)."""
+
+
+@dataclass
+class ScheduleConfig:
+    """A precision schedule (docs/schedules.md): the `recipe` group runs from step 0, each phase from
+    its own first step on; weights, optimizer, LR schedule, data position and RNGs carry over."""
+
+    name: str = "none"
+    """Preset name, reported with the run's variant."""
+    phases: list[SchedulePhase] = field(default_factory=list)
+    """The phases after the first, in step order; empty = one recipe for the whole run."""
+
+
+@dataclass
 class StabilityConfig:
     """The guide's stability knobs (Megatron names)."""
 
@@ -473,6 +501,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     name: str | None = None
     """Run name (W&B name); null = derived from recipe and seed."""
     seed: int = 0
@@ -507,6 +536,10 @@ class Config:
     init_from: str | None = None
     """A Hugging Face safetensors checkpoint (file or directory, sharded or not) the model starts
     from instead of its random init; its config.json is read with model=hf model.hf_config=."""
+    warm_start: str | None = None
+    """A checkpoint (a run dir or its checkpoints/step_N) this run starts from: weights, optimizer
+    state, step and LR position, data position and RNGs, but not the recipe's scale state (a new
+    recipe starts as TE starts one it has not run; docs/schedules.md). Not a resume: the recipe may differ."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Free-form tags recorded with the run (not used by the harness)."""
 

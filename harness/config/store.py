@@ -19,6 +19,7 @@ GROUPS = {
     "logger": schema.LoggerConfig,
     "parallel": schema.ParallelConfig,
     "objective": schema.ObjectiveConfig,
+    "schedule": schema.ScheduleConfig,
 }
 
 

@@ -123,6 +123,10 @@ ADDED: dict[str, Change] = {c.field: c for c in (
            "only with objective=masked_diffusion"),
     Change("TelemetryConfig.candidates", [], "fabae69", "no counterfactual rows; training never reads it"),
     Change("StabilityConfig.plan_file", None, "fabae69", "no plan: the overrides were all there was"),
+    Change("Config.schedule", {"name": "none", "phases": []}, "6400d46",
+           "no phases: the recipe group ran the whole run"),
+    Change("Config.warm_start", None, "6400d46",
+           "a run started from its seeded init or its own checkpoint"),
 )}
 
 _HEAD = "the FP8 LM head failed the loss check (benchmarks/RESULTS.md, 'Loss checks of the TE options')"

@@ -32,6 +32,7 @@ MOE_EXPERTS_WITHOUT_TOKENS = "moe/experts_without_tokens"  # fraction of the exp
 MOE_ROUTER_ENTROPY = "moe/router_entropy"  # nats per token, at most ln(experts)
 MOE_DROPPED_TOKENS = "moe/dropped_tokens"  # fraction of the routed token slots (a capacity factor only)
 """The MoE keys above are the mean over the MoE layers; each layer's is `moe_layer_key(key, i)`."""
+SCHEDULE_PHASE = "schedule/phase"  # a precision schedule's phase index (0 = the recipe group)
 NUMERICS = "numerics"  # telemetry keys: numerics/<layer>/<tensor>/<stat>
 LOSS_EVAL_AT_T = "loss/eval_at_t"  # masked diffusion, eval rows: loss/eval_at_t/<t>, nats at mask ratio t
 STEP = "step"
@@ -55,6 +56,7 @@ ALL_KEYS = (
     MOE_EXPERTS_WITHOUT_TOKENS,
     MOE_ROUTER_ENTROPY,
     MOE_DROPPED_TOKENS,
+    SCHEDULE_PHASE,
 )
 
 

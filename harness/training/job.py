@@ -21,10 +21,12 @@ from harness.config.schema import TE_EXACT_VERSION, Config
 from harness.lifecycle import artifacts as A
 from harness.lifecycle import checkpoint as ckpt
 from harness.lifecycle import resume as R
+from harness.lifecycle import warm_start as W
 from harness.lifecycle.artifacts import NullWriter, RunWriter, Summary, provenance
 from harness.lifecycle.loggers import NullLogger, open_logger, sweep_group, wandb_config
 from harness.lifecycle.runlock import RunDirLocked, RunLock
 from harness.lifecycle.signals import StopRequest
+from harness.model import schedule
 from harness.parallel import agree
 from harness.parallel import process as D
 from harness.parallel.agree import RankFailed
@@ -79,6 +81,9 @@ def _run(
             lambda: R.resume_point(cfg.resume, run_dir, asdict(cfg)),
             lambda path: (path, *ckpt.load_one(path)),
         )
+        warm = W.find(cfg.warm_start) if cfg.warm_start and found is None else None
+        if warm is not None:
+            W.check(warm, asdict(cfg))  # refused before anything is written
         previous = R.previous_run_json(run_dir)  # its attempts go on; its W&B run only with its checkpoint
         resolved = backend_name(cfg)
         summary = Summary(
@@ -106,6 +111,7 @@ def _run(
             else contextlib.nullcontext(NullLogger())
         )
         job = _Job(cfg, run_dir, summary, config, tracker, stop or StopRequest(), found, previous, dist)
+        job.warm = warm
         return job.train(resume_command, config_warnings)
 
 
@@ -127,6 +133,7 @@ class _Job:
         self.cfg, self.run_dir, self.summary, self.config = cfg, run_dir, summary, config
         self.tracker, self.stop, self.found, self.previous, self.dist = tracker, stop, found, previous, dist
         self.started = False  # this attempt has begun writing the run dir (its rows, its run.json)
+        self.warm = None  # (path, step, state) of cfg.warm_start's checkpoint on a fresh start
 
     agreed = False
 
@@ -228,6 +235,9 @@ class _Job:
             trainer = _user_code(Trainer, self.cfg, self.run_dir, writer, None, self.stop, self.dist)
             if self.found:
                 trainer.load_state_dict(self.found[2], self.summary)
+            elif self.warm:
+                trainer.load_state_dict(self.warm[2], self.summary, warm_from=W.recipe_of(self.warm))
+                log.info("warm start from %s (step %d)", self.warm[0], self.warm[1])
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         return trainer
@@ -299,6 +309,8 @@ def _run_json(
         grad_accumulation=trainer.accum,
         parallel=trainer.parallel.describe(),
     )
+    if cfg.schedule.phases:  # each phase's first step and full recipe (docs/schedules.md)
+        prov.update(schedule=schedule.describe(cfg.recipe, cfg.schedule, cfg.steps))
     attempts = (previous or {}).get("attempts", []) + [R.attempt(resumed_from)]
     return {
         "config": config,

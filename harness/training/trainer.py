@@ -7,6 +7,7 @@ run directory, and benchmarks time its `train_step` alone.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import random
@@ -14,7 +15,7 @@ import signal
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from harness import recipes
 from harness.backends import BackendSpec, build_backend
 from harness.backends.capability import resolve_backend_name, te_blocker
 from harness.backends.hardware import device_for
-from harness.config.schema import BackendConfig, Config, ModelConfig, eval_budget
+from harness.config.schema import BackendConfig, Config, ModelConfig, RecipeConfig, eval_budget
 from harness.data import build_data
 from harness.lifecycle import artifacts as A
 from harness.lifecycle import checkpoint as ckpt
@@ -33,6 +34,7 @@ from harness.lifecycle.divergence import DivergenceMonitor
 from harness.lifecycle.loggers import NullLogger
 from harness.lifecycle.memory import SavedTensors, breakdown
 from harness.lifecycle.signals import StopRequest
+from harness.model import schedule as S
 from harness.model.gpt import count_params, flops_per_token
 from harness.model.moe import Routing
 from harness.model.objective import build_objective, per_t_row, set_causal
@@ -61,11 +63,14 @@ def rss_gib() -> float:
 
 
 def variant(cfg: Config) -> str:
-    """The run's presets beyond its recipe (stability, optimizer), and the expert kernels where they
-    are not TE's GroupedLinear (backend.moe_experts changes the GEMMs' accumulation order)."""
+    """The run's stability and optimizer presets (and its schedule's, when it has one), and the expert
+    kernels where they are not TE's GroupedLinear (backend.moe_experts changes the GEMMs' accumulation
+    order): with the recipe label and backend, what tells a sweep's arms apart."""
+    base = f"{cfg.stability.name}+{cfg.optimizer.name}"
+    if cfg.schedule.phases:
+        base = f"{base}+{cfg.schedule.name}"
     kernels = cfg.backend.moe_experts
-    experts = f"+{kernels}_experts" if kernels != BackendConfig.moe_experts else ""
-    return f"{cfg.stability.name}+{cfg.optimizer.name}{experts}"
+    return f"{base}+{kernels}_experts" if kernels != BackendConfig.moe_experts else base
 
 
 def seed_everything(seed: int) -> None:
@@ -115,6 +120,13 @@ def init_weights(model: torch.nn.Module, path: str, model_cfg: ModelConfig) -> d
     return init_from_hf(model, path, model_cfg)
 
 
+def _host_copy(tree: dict) -> dict:
+    """`tree` with every tensor copied to the host, as a checkpoint stores it (TE's quantized
+    weights by value): what a schedule's switch carries into the next phase's model."""
+    tensors, skeleton = ckpt.split(tree)
+    return ckpt.join(skeleton, {k: v.to("cpu", copy=True) for k, v in tensors.items()})
+
+
 class Trainer:
     """Owns one run's objects; `fit()` runs the loop and returns the summary.
 
@@ -146,23 +158,16 @@ class Trainer:
             self.device = torch.device("cuda", self.dist.launch.local_rank % torch.cuda.device_count())
         seed_everything(cfg.seed)  # the same seed on every rank: the same initial weights
         self.data = _data(cfg)
-        self.backend = build_backend(backend_spec(cfg), self.device)
-        self.backend.data_parallel_size = self.dist.world
-        self.model = self.backend.build_model()
-        self.init = init_weights(self.model, cfg.init_from, cfg.model) if cfg.init_from else None
-        self.parallel = parallelize(self.model, self.backend, cfg.parallel, self.dist)
-        self.optimizer = self.parallel.build_optimizer(self.model, cfg.optimizer)
-        self.backend.prepare(self.model, self.optimizer)
-        self.moe = Routing(self.model)  # MoE layers' router losses and expert biases (none: dense)
+        self.phase_recipes = S.phase_recipes(cfg.recipe, cfg.schedule)  # [the recipe group, phases...]
+        self.phase_starts = S.starts(cfg.schedule, cfg.steps)
+        self.phase = 0
+        self.init = None
+        # one objective for every phase: variable lengths a multiple of each phase recipe's GEMM multiple
+        multiple = math.lcm(*(recipes.get(r.name).gemm_multiple for r in self.phase_recipes))
         self.objective = build_objective(
-            cfg.objective,
-            cfg.model,
-            self.data,
-            recipes.get(cfg.recipe.name).gemm_multiple,
-            cfg.seed,
-            self.dist.rank,
+            cfg.objective, cfg.model, self.data, multiple, cfg.seed, self.dist.rank
         )
-        set_causal(self.model, self.objective.causal)
+        self._build(0, init_from=cfg.init_from)
         self.accum = cfg.global_batch_size // (cfg.micro_batch_size * self.dist.world)
         self.tokens_per_step = cfg.global_batch_size * cfg.model.seq_length
         n = count_params(self.model)
@@ -181,6 +186,53 @@ class Trainer:
             peak_tflops=self._peak("bf16"),
             log_interval=cfg.log_interval,
             dist=self.dist,
+        )
+
+    def _build(self, phase: int, init_from: str | None = None) -> None:
+        """The backend, model, parallel strategy and optimizer for phase `phase`'s recipe (0: the
+        recipe group's); `init_from`: Hugging Face weights, before the optimizer copies them."""
+        spec = replace(backend_spec(self.cfg), recipe=self.phase_recipes[phase])
+        self.backend = build_backend(spec, self.device)
+        self.backend.data_parallel_size = self.dist.world
+        self.model = self.backend.build_model()
+        set_causal(self.model, self.objective.causal)
+        if init_from:
+            self.init = init_weights(self.model, init_from, self.cfg.model)
+        self.parallel = parallelize(self.model, self.backend, self.cfg.parallel, self.dist)
+        self.optimizer = self.parallel.build_optimizer(self.model, self.cfg.optimizer)
+        self.backend.prepare(self.model, self.optimizer)
+        self.moe = Routing(self.model)  # MoE layers' router losses and expert biases (none: dense)
+        self.phase = phase
+
+    def _rebuild(self, phase: int) -> None:
+        """Drop this phase's objects (their memory goes first), then build phase `phase`'s."""
+        self.backend = self.model = self.parallel = self.optimizer = self.moe = None
+        gc.collect()  # modules in reference cycles (hooks, probes) would keep their device memory
+        self._build(phase)
+
+    def enter_phase(self, phase: int) -> None:
+        """A precision schedule's switch (docs/schedules.md), before the phase's first step: a new
+        backend, model and optimizer for its recipe, built as a warm start builds them (so TE's
+        modules get fresh quantizers, which TE 2.20.2 would not give the old modules when only a
+        recipe's fields change within one class: transformer_engine/pytorch/module/base.py:1111-1135,
+        and every quantized weight copy is made anew), then the weights,
+        optimizer state and every RNG carried over, and the scale state only from one delayed-scaling
+        recipe to another (S.carries_scale_state); the data position, LR schedule and metrics stay."""
+        before, after = self.phase_recipes[self.phase], self.phase_recipes[phase]
+        carried = _host_copy(
+            {
+                "model": self.backend.model_state_dict(self.model),
+                "optimizer": ckpt.key_by_name(self.optimizer.state_dict(), self._param_names()),
+                "backend": self.backend.state_dict(),
+            }
+        )
+        rng = rng_state()
+        self._rebuild(phase)
+        self._load_weights(carried)
+        self.backend.load_state_dict(carried["backend"], scales=S.carries_scale_state(before, after))
+        restore_rng(rng)  # building the new model drew from the RNGs: the run's stream goes on
+        log.info(
+            "schedule: phase %d (%s) from step %d", phase, recipes.label(after), self.phase_starts[phase]
         )
 
     def _eval_set(self):
@@ -284,6 +336,7 @@ class Trainer:
     def state_dict(self, steps_done: int, summary: Summary) -> dict:
         return {
             "step": steps_done,
+            "schedule": {"phase": self.phase, "recipe": asdict(self.phase_recipes[self.phase])},
             "config": asdict(self.cfg),
             "model": self.backend.model_state_dict(self.model),
             "optimizer": ckpt.key_by_name(self.optimizer.state_dict(), self._param_names()),
@@ -299,12 +352,25 @@ class Trainer:
             },
         }
 
-    def load_state_dict(self, state: dict, summary: Summary) -> None:
-        """`state` holds whole tensors (a checkpoint of any world size): FSDP2 keeps its shards."""
+    def _load_weights(self, state: dict) -> None:
         self.backend.load_model_state_dict(self.model, self.parallel.localize_model(state["model"]))
         optim = ckpt.key_by_index(state["optimizer"], self._param_names())
         self.optimizer.load_state_dict(self.parallel.localize_optimizer(optim, self.optimizer.params))
-        self.backend.load_state_dict(state["backend"])
+
+    def load_state_dict(self, state: dict, summary: Summary, warm_from: RecipeConfig | None = None) -> None:
+        """`state` holds whole tensors (a checkpoint of any world size): FSDP2 keeps its shards.
+        The model is first rebuilt for the schedule's phase the checkpoint was saved in. `warm_from`:
+        a warm start (cfg.warm_start) from a checkpoint of that recipe, whose scale state is left out
+        unless it and this run's recipe are both delayed scaling (as a schedule's switch does)."""
+        if warm_from is None:  # a resume: the phase it was saved in (a switch due at its step follows)
+            phase = (state.get("schedule") or {}).get("phase", 0)
+        else:  # a warm start goes on in the phase this run's schedule has at the checkpoint's step
+            phase = S.phase_at(self.cfg.schedule, self.cfg.steps, state["step"])
+        if phase != self.phase:
+            self._rebuild(phase)
+        self._load_weights(state)
+        scales = warm_from is None or S.carries_scale_state(warm_from, self.phase_recipes[phase])
+        self.backend.load_state_dict(state["backend"], scales=scales)
         self.batches.load_state_dict(state["data"])
         self.micro_batches_seen = self.batches.position
         self.metrics.load_state_dict(state["metrics"])
@@ -338,6 +404,9 @@ class Trainer:
         for step in range(self.start_step, cfg.steps):
             if step == warm and self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)  # peak of the steady state only
+            if (phase := S.phase_at(cfg.schedule, cfg.steps, step)) != self.phase:
+                self.enter_phase(phase)
+                self.metrics.timer.cold.add(step)  # the switch's rebuild is not a steady step
             self.metrics.timer.start()
             try:
                 loss, grad_norm, lr = self.train_step(step)
@@ -346,11 +415,14 @@ class Trainer:
             self.metrics.timer.stop(step)
             self.metrics.record(step, loss, grad_norm, lr, self.moe.logged)
             summary.steps, summary.tokens = step + 1, (step + 1) * self.tokens_per_step
-            if step in (0, cfg.steps - 1):  # TE: the recipe really ran; delayed scales really moved
-                self.backend.verify_active(self.model, step)
+            first = self.phase_starts[self.phase]
+            if step in (first, cfg.steps - 1):  # TE: the recipe really ran; delayed scales really moved
+                self.backend.verify_active(self.model, step - first)
             synced = saved = False
             if self.metrics.should_log(step, cfg.steps - 1):  # a logged row syncs
                 row = self.metrics.row(step)
+                if cfg.schedule.phases:
+                    row[M.SCHEDULE_PHASE] = self.phase
                 summary.final_train_loss = row[M.LOSS_TRAIN]
                 self._emit(row, t0)
                 cause = self.divergence.check(row)

@@ -17,6 +17,7 @@ from harness.config.paths import CONF_DIR
 from harness.config.schema import Config
 from harness.config.store import register_schema, to_config
 from harness.interop.hf_config import hf_field
+from harness.model import schedule
 from harness.model.plan import OVERRIDE_FIELDS, load_plan, override_recipe
 from harness.validation.rules import validate
 
@@ -62,6 +63,7 @@ def prepare(cfg: Config, *, for_export: bool = False, warnings_out: list[str] | 
     warnings (also emitted) are appended to `warnings_out` where given: run.json keeps them."""
     cfg.hardware = resolve_hardware(cfg.hardware)
     resolve_overrides(cfg)
+    schedule.resolve(cfg.recipe, cfg.schedule)
     found = validate(cfg, for_export=for_export)
     if warnings_out is not None:
         warnings_out.extend(found)

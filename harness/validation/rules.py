@@ -19,6 +19,7 @@ from harness.validation.keys import check_known_keys, run_errors  # noqa: F401 -
 from harness.validation.legality import legality_errors, name_errors, uses_te
 from harness.validation.megatron_rules import reference_errors
 from harness.validation.moe_rules import moe_export_errors, moe_warnings
+from harness.validation.schedule_rules import schedule_errors
 from harness.validation.support import support_errors
 
 
@@ -73,6 +74,7 @@ def validate(cfg: Config, *, for_export: bool = False) -> list[str]:
     if not name_errors(cfg):  # the reference rules ask the registry about the names
         errs += reference_errors(cfg)  # then what Megatron-LM and TE refuse
     errs += moe_export_errors(cfg) if for_export else support_errors(cfg)
+    errs += [] if errs else schedule_errors(cfg)
     if errs:
         raise ConfigError(errs[0])
     notes = recommendations(cfg)
