@@ -181,6 +181,8 @@ border-left:4px solid #b90}.worse{color:#a00;font-weight:600}.better{color:#070;
 <td{% if loop.index == 3 %} class="{{ v }}"{% endif %}>{{ c }}</td>{% endfor %}</tr>
 {% endfor %}</table>
 {% for d in g.dropped %}<p class=small>{{ d }}</p>{% endfor %}
+{% if g.forecasts %}<h3>Gap forecasts (fit on the measured gap, extrapolated in tokens)</h3>
+<ul>{% for f in g.forecasts %}<li>{{ f }}</li>{% endfor %}</ul>{% endif %}
 {% if g.moe %}<h3>MoE: load balance and experts</h3>
 <table><tr>{% for h in g.moe.table.columns %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in g.moe.table.itertuples(index=False) %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>
@@ -221,6 +223,11 @@ MARKDOWN = jinja2.Template(
 {% for d in g.dropped %}
 {{ d }}
 {% endfor %}
+{% if g.forecasts %}
+### Gap forecasts (fit on the measured gap, extrapolated in tokens)
+
+{% for f in g.forecasts %}- {{ f }}
+{% endfor %}{% endif %}
 {% if g.moe %}
 ### MoE: load balance and experts
 
@@ -302,7 +309,8 @@ def group_table(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 
 
 def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: list[str], *,
-                 figures: bool = True) -> Path:  # fmt: skip
+                 figures: bool = True, target_tokens: float | None = None,
+                 target_loss: float | None = None) -> Path:  # fmt: skip
     """Write comparison.csv, gaps.csv, runs.csv, report.md, plots/ and report.html; returns the html."""
     from analysis import plots
     from analysis.moe import frame as moe_frame
@@ -339,6 +347,7 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
             "sentence": group_sentence(g, df), "table": table, "dropped": dropped,
             "rows": list(zip(table.itertuples(index=False), verdict_classes(df), strict=True)),
             "figures": figs, "outliers": telemetry_absent(g, cells) + outliers(cells), "moe": moe,
+            "forecasts": forecast_lines(g, target_tokens, target_loss),
         })  # fmt: skip
     if moe_sections:
         moe_frame(moe_sections).to_csv(out / "moe.csv", index=False)
@@ -354,6 +363,14 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
     html_path = out / "report.html"
     html_path.write_text(HTML.render(**ctx), encoding="utf-8")
     return html_path
+
+
+def forecast_lines(g: Group, target_tokens: float | None, target_loss: float | None) -> list[str]:
+    """The group's gap forecasts (`analysis.forecast`), and equal quality at `target_loss` if asked."""
+    from analysis.forecast import equal_quality, group_forecasts
+
+    lines = [f.text() for f in group_forecasts(g, target_tokens)]
+    return lines + (equal_quality(g, target_loss) if target_loss else [])
 
 
 def verdict_classes(df: pd.DataFrame) -> list[str]:
@@ -424,6 +441,13 @@ def main(argv: list[str] | None = None) -> int:
         help="trailing smoothing window as a fraction of the token budget (default %(default)s)",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the figures (tables only)")
+    p.add_argument("--target-tokens", type=float, metavar="N",
+                   help="forecast every arm's gap to BF16 at N tokens per run (default: the largest "
+                        "validated extrapolation ratio x the measured budget); refused beyond it, with the "
+                        "reason")  # fmt: skip
+    p.add_argument("--target-loss", type=float, metavar="L",
+                   help="also forecast the tokens BF16 and each arm need to reach loss L (nats) and "
+                        "their ratio (token efficiency at equal loss)")  # fmt: skip
     p.add_argument("--wandb", action="store_true",
                    help="also log the comparison (wandb.Table), the report (artifact) and each run's verdict "
                         "to W&B, in the sweep's group (WANDB_MODE decides offline/online)")  # fmt: skip
@@ -431,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.smooth_frac < 1:
         print(f"error: --smooth-frac={args.smooth_frac}: must be in (0, 1), e.g. 0.05", file=sys.stderr)
         return 2
+    for opt, v in (("--target-tokens", args.target_tokens), ("--target-loss", args.target_loss)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            print(f"error: {opt}={v:g}: must be a positive number, e.g. {opt}=1e6", file=sys.stderr)
+            return 2
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RunWarning)
@@ -448,8 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.frames import comparison_of
 
     comparison = comparison_of(runs, args.smooth_frac)
-    html_path = write_report(runs, comparison, out, [str(d) for d in args.dirs], figures=not args.no_plots)
+    html_path = write_report(runs, comparison, out, [str(d) for d in args.dirs], figures=not args.no_plots,
+                             target_tokens=args.target_tokens, target_loss=args.target_loss)  # fmt: skip
     print(terminal_table(comparison, runs.numerics))
+    for g in comparison.groups:
+        lines = forecast_lines(g, args.target_tokens, args.target_loss)
+        print("\n".join(f"forecast: {line}" for line in lines))
     for note in comparison.notes:
         print(f"note: {note}")
     if args.wandb:
