@@ -435,7 +435,9 @@ def _arm_row(arm: Arm, base: Baseline | None, missing: str) -> dict[str, Any]:
     runs, key = arm.runs, arm.key
     status, divergence = _status_text(runs)
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
-    steps = sorted({r.steps for r in runs if r.steps is not None})
+    # the steps each run was launched with: a run stopped early is a status, not a second budget
+    planned = [r.config.get("steps") if isinstance(r.config.get("steps"), int) else r.steps for r in runs]
+    steps = sorted({s for s in planned if s is not None})
     row.update(
         hardware=key.hardware, model=key.model, data=key.data, tokens=key.tokens, recipe=arm.recipe,
         recipe_label=arm.recipe_label, variant=arm.variant, backend=arm.backend, role=arm.role,

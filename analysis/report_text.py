@@ -87,7 +87,7 @@ def budget_text(g: Group) -> str:
 
 @dataclass(frozen=True)
 class Contrast:
-    """Arm `to` minus arm `frm` (same family, presets and backend), relative to the BF16 loss."""
+    """Arm `to` minus arm `frm` (same family and backend), relative to the BF16 loss."""
 
     frm: str
     to: str
@@ -105,14 +105,14 @@ def _final(arm: Arm, metric: str) -> dict[int | None, float]:
 
 
 def contrasts(g: Group) -> list[Contrast]:
-    """For every two low-precision arms of the same family (and presets, backend): the paired change
-    of the headline loss from the worse arm to the better one, as a share of the BF16 loss. This is a
-    fix's measured effect (e.g. NVFP4's mitigations turned back on) when both ran in one sweep."""
+    """For every two low-precision arms of the same family and backend: the paired change of the
+    headline loss from the worse arm to the better one, as a share of the BF16 loss. This is a fix's
+    measured effect (NVFP4's mitigations back on, a block in BF16) when both ran in one sweep."""
     arms = [a for a in g.arms if a.role != "baseline" and a.row.get("gap_rel") is not None]
     out = []
     for i, a in enumerate(arms):
         for b in arms[i + 1 :]:
-            if (a.recipe, a.variant, a.backend) != (b.recipe, b.variant, b.backend):
+            if (a.recipe, a.backend) != (b.recipe, b.backend):
                 continue
             worse, better = (a, b) if a.row["gap_rel"] >= b.row["gap_rel"] else (b, a)
             metric = worse.row.get("gap_metric")
