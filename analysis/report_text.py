@@ -160,7 +160,8 @@ def decision(g: Group, df: pd.DataFrame) -> str:
     if len(same):
         names = sorted(row_name(r) for _, r in same.iterrows())
         mde = same["mde_rel"].dropna()
-        detect = f"; would detect >= {100 * mde.min():.2f}%-{100 * mde.max():.2f}%" if len(mde) else ""
+        span = sorted({f"{100 * v:.2f}%" for v in (mde.min(), mde.max())}) if len(mde) else []
+        detect = f"; would detect >= {'-'.join(span)}" if span else ""
         parts.append(f"{', '.join(names)} cannot be told from BF16 (interval holds 0{detect}; listed "
                      "alphabetically, not ranked)")  # fmt: skip
     text = parts[0] + ": " + ". ".join(parts[1:]) + "."

@@ -193,9 +193,9 @@ def verdict(rel: Interval | None, diverged: str | None = None) -> tuple[str, str
 
 
 def materiality_text(kind: str) -> str:
-    """'material (>= 0.25%)' or 'resolved, negligible (< 0.25%)'."""
+    """'material, >= 0.25%' or 'resolved, negligible: < 0.25%'."""
     thr = f"{100 * MATERIAL_REL:g}%"
-    return f"material (>= {thr})" if kind == "material" else f"resolved, negligible (< {thr})"
+    return f"material, >= {thr}" if kind == "material" else f"resolved, negligible: < {thr}"
 
 
 VERDICT_ORDER = {"better": 0, "indistinguishable": 1, "one seed": 1, "worse": 3, "diverged": 4, "no data": 5}

@@ -35,8 +35,8 @@ def _sweep(root: Path, write_run, arms: dict[str, float], seeds=(0, 1, 2), **kw)
 def test_a_resolved_gap_below_the_threshold_is_negligible_not_material() -> None:
     small = S.Interval(0.001, 0.0002, 0.0018, 0.0003, 4, 5, "paired t", 0.001)
     big = S.Interval(0.01, 0.005, 0.015, 0.002, 4, 5, "paired t", 0.006)
-    assert S.materiality(small) == "negligible" and "resolved, negligible (< 0.25%)" in S.verdict(small)[1]
-    assert S.materiality(big) == "material" and "material (>= 0.25%)" in S.verdict(big)[1]
+    assert S.materiality(small) == "negligible" and "resolved, negligible: < 0.25%" in S.verdict(small)[1]
+    assert S.materiality(big) == "material" and "material, >= 0.25%" in S.verdict(big)[1]
     assert S.materiality(S.Interval(0.01, -0.01, 0.03, 0.01, 4, 5, "paired t", 0.03)) == "unresolved"
 
 
@@ -68,7 +68,7 @@ def test_decision_names_the_separated_arm_the_unresolved_group_and_the_fix(tmp_p
     comp = frames.comparison_of(frames.load([str(sweep)]))
     g = comp.groups[0]
     text = report_text.decision(g, report.group_rows(frames.comparison_frame(comp), g))
-    assert "nvfp4 + no RHT (emulated) is worse than BF16 by" in text and "material (>= 0.25%)" in text
+    assert "nvfp4 + no RHT (emulated) is worse than BF16 by" in text and "material, >= 0.25%" in text
     assert "cannot be told from BF16" in text and "listed alphabetically, not ranked" in text
     assert "nvfp4 + no RHT (emulated) -> nvfp4 (emulated): -" in text and "resolved" in text
     assert "3 seeds x 200 steps" in text
