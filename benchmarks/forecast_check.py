@@ -13,9 +13,10 @@ prediction interval. Coverage at r = covered / forecasts made (refusals are coun
 validated ratio is the largest r whose coverage is >= 90% of nominal over >= 30 forecasts; the report
 refuses beyond it (`analysis.forecast.VALIDATED_RATIO`).
 
-Sources: the 300-step H200 loss checks (markov_300_*: 13 train points per run, every 25 steps) and the
-CPU set made for this check (`sweeps/forecast_cpu_set.yaml`: gpt_tiny at 10x the main job's tokens,
-5 seeds, the main job's arms), collected into forecast_cpu_set_*.json; a source that is absent is said.
+Sources: the 300-step H200 loss checks (markov_300_*: 13 train points per run, every 25 steps), the
+main job's 25 runs (cpu_compare_cpu_*: 20 train points per run) and the CPU set made for this check
+(`sweeps/forecast_cpu_set.yaml`: gpt_tiny at 10x the main job's tokens, 5 seeds, the main job's arms),
+collected into forecast_cpu_set_*.json; a source that is absent is said.
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NOMINAL = 0.95
 ENOUGH = 0.9 * NOMINAL
 MIN_CASES = 30
+SOURCES = ("markov_300_*.json", "cpu_compare_cpu_*.json", "forecast_cpu_set_*.json")
+"""The H200 loss checks, the main job's runs (collected) and the CPU set made for this check."""
 
 
 @dataclass(frozen=True)
 class Options:
-    sources: list[str] = field(default_factory=lambda: ["markov_300_*.json", "forecast_cpu_set_*.json"])
+    sources: list[str] = field(default_factory=lambda: list(SOURCES))
     """Globs under benchmarks/results/ of collected run files."""
     ratios: list[float] = field(default_factory=lambda: [1.5, 2.0, 3.0, 5.0, 10.0])
 
