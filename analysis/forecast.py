@@ -39,8 +39,10 @@ HOLDOUT = 0.3
 MIN_POINTS = 5
 VALIDATED_RATIO = 2.0
 """Largest target/measured token ratio at which forecast_check's coverage was >= 90% of nominal."""
-VALIDATED_TEXT = ("forecast_check measured 89% coverage of the 95% interval over 47 forecasts at 2x, 88% over "
-                  "only 16 at 3x; benchmarks/RESULTS.md 'Gap forecasts'")
+VALIDATED_TEXT = (
+    "forecast_check measured 89% coverage of the 95% interval over 47 forecasts at 2x, 88% over only 16 "
+    "at 3x; benchmarks/RESULTS.md 'Gap forecasts'"
+)
 
 
 @dataclass(frozen=True)
