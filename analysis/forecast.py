@@ -218,13 +218,16 @@ def group_forecasts(group: Group, target: float | None) -> list[Forecast]:
 # --- equal quality at a target loss ---------------------------------------------------------------
 
 
-def loss_fit(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float] | None:
-    """BF16 loss L(t) = e + b t^-c (c on a grid, e and b by least squares); (e, b, c) or None."""
+def loss_fit(t: np.ndarray, y: np.ndarray, floor: float | None = None) -> tuple[float, float, float] | None:
+    """BF16 loss L(t) = e + b t^-c (c on a grid, e and b by least squares), with the asymptote e no
+    lower than the data's loss floor when it is known; (e, b, c) or None."""
     best = None
     for c in np.linspace(0.05, 1.5, 59):
         x = np.column_stack([np.ones_like(t), t**-c])
         beta, *_ = np.linalg.lstsq(x, y, rcond=None)
         err = float(np.sum((y - x @ beta) ** 2))
+        if floor is not None and beta[0] < floor:
+            continue
         if beta[1] > 0 and (best is None or err < best[0]):
             best = (err, float(beta[0]), float(beta[1]), float(c))
     return None if best is None else best[1:]
@@ -242,7 +245,8 @@ def equal_quality(group: Group, target_loss: float) -> list[str]:
     if base is None or not group.key.tokens:
         return ["equal quality: no BF16 baseline"]
     late = base.late & np.isfinite(base.band["mean"])
-    params = loss_fit(base.grid[late], base.band["mean"][late])
+    floors = [r.loss_floor for r in base.runs if r.loss_floor is not None]
+    params = loss_fit(base.grid[late], base.band["mean"][late], min(floors) if floors else None)
     measured = float(group.key.tokens)
     if params is None:
         return ["equal quality: BF16's loss curve does not fit e + b t^-c"]

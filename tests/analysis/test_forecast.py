@@ -80,3 +80,17 @@ def test_forecast_check_coverage_on_stored_h200_loss_checks() -> None:
     assert two["forecasts"] + two["refused"] == 4 and two["forecasts"] >= 3
     assert three["refused"] == 4  # 4 points up to step 100: too few
     assert out["validated_ratio"] is None  # < 30 forecasts validate nothing
+
+
+def test_equal_quality_at_a_target_loss_or_the_reason_not(tmp_path, run_writer) -> None:
+    sweep = tmp_path / "sweep"
+    for n, (recipe, offset) in enumerate((("bf16", 0.0), ("nvfp4", 0.02))):
+        for seed in (0, 1, 2):
+            run_writer(sweep, f"{3 * n + seed}_{recipe}_s{seed}", recipe=recipe, seed=seed, offset=offset,
+                       log_interval=5)  # fmt: skip
+    g = frames.comparison_of(frames.load([str(sweep)])).groups[0]
+    final = float(g.baseline.band["mean"][-1])
+    lines = F.equal_quality(g, final + 0.01)
+    assert lines[0].startswith(f"equal quality at loss {final + 0.01:g}: BF16 reaches it at about")
+    assert "token efficiency at loss" in lines[1] and "nvfp4 (emulated)" in lines[1]
+    assert "refused" in F.equal_quality(g, 1.0)[0]  # below the fitted asymptote or far beyond the budget
