@@ -151,3 +151,9 @@ def test_the_report_leaks_no_library_warning(tmp_path, run_writer) -> None:
     assert [str(w.message) for w in caught] == []
     html = (tmp_path / "out" / "report.html").read_text()
     assert html.count("<h2>Warnings</h2>") == 1 and "config warnings printed" not in html.lower()
+
+
+def test_the_reports_own_wandb_analysis_run_is_not_read_as_a_run() -> None:
+    # written by `lowp-sweep cpu_compare` (report --wandb) into DIR/report/wandb: job_type analysis
+    data = Path(__file__).parent / "data" / "wandb_analysis_run"
+    assert len(frames.load([str(data)])) == 0
