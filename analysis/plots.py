@@ -266,13 +266,15 @@ def telemetry_heatmaps(cells: pd.DataFrame, title: str) -> Figure | None:
         im, label = _heatmap(ax, v, stat, label)
         ax.set_yticks(range(len(layers)), layers, fontsize=6)
         ax.set_xticks(range(len(cols)), [t for _, t in cols], fontsize=6)
-        arms = list(dict.fromkeys(a for a, _ in cols))
-        for arm in arms:
+        lines = 1
+        for arm in dict.fromkeys(a for a, _ in cols):
             idx = [j for j, (a, _) in enumerate(cols) if a == arm]
             ax.axvline(idx[-1] + 0.5, color="white", lw=2)
-            ax.text(np.mean(idx), -0.7, arm.replace(" [", "\n[").replace(" (", "\n("), ha="center",
-                    va="bottom", fontsize=6)  # fmt: skip
-        ax.set_title(label + ", one scale for all recipes", fontsize=8, pad=26)
+            # an arm's name wrapped to the width of its columns, so neighbours do not overlap
+            text = textwrap.fill(arm, max(14, int(width * 12 * len(idx) / len(cols))))
+            lines = max(lines, text.count("\n") + 1)
+            ax.text(np.mean(idx), -0.7, text, ha="center", va="bottom", fontsize=6)
+        ax.set_title(label + ", one scale for all recipes", fontsize=8, pad=8 + 8 * lines)
         fig.colorbar(im, ax=ax, shrink=0.9)
     return fig
 
