@@ -153,6 +153,11 @@ def method_items(smooth_frac: float) -> list[str]:
         "Speed and memory: summary.tokens_per_s and summary.peak_mem_gib of native (te) runs over the mean "
         "of native BF16 runs on the same hardware; throughput's interval is over the arm's seeds. Emulated "
         "runs contribute numerics only.",
+        "Gap forecasts: per seed, the raw train-loss gap to the BF16 run of the same seed past the early "
+        "transient, fitted by a constant or a + b (t/t0)^-c (c = 0.5 or 1), the member chosen by hold-out "
+        "(last 30% of the points); the arm's forecast is the t interval over the per-seed predictions. "
+        "Refused with fewer than 5 points, when the chosen fit fails its own hold-out, or beyond "
+        "analysis.forecast.VALIDATED_RATIO x the measured tokens (benchmarks/RESULTS.md 'Gap forecasts').",
         "Loss floor: summary.loss_floor, the data's entropy rate (markov), drawn on the loss curves. Units "
         f"are nats. Public reference lines (anchors.md, far larger scale): {anchors}.",
     ]
