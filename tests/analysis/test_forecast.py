@@ -49,7 +49,7 @@ def test_report_refuses_beyond_the_validated_ratio(tmp_path, run_writer) -> None
     budget = g.key.tokens
     ok = F.group_forecasts(g, 2 * budget)[0]
     assert ok.refused is None and ok.lo < ok.mean < ok.hi and ok.seeds == 3
-    far = F.group_forecasts(g, 10 * budget)[0]
+    far = F.group_forecasts(g, 1000 * budget)[0]
     assert (
         far.refused.startswith(f"beyond {F.VALIDATED_RATIO:g}x the measured")
         and "forecast_check" in far.text()
