@@ -53,7 +53,8 @@ PUBLIC_ANCHORS: dict[str, tuple[float, str]] = {
 
 COLUMNS = (
     "hardware", "model", "data", "tokens", "recipe", "recipe_label", "variant", "backend", "role", "rank",
-    "runs", "seeds", "steps", "status", "divergence", "verdict", "verdict_text", "baseline", "pairing",
+    "runs", "seeds", "steps", "status", "divergence", "verdict", "verdict_text", "materiality",
+    "baseline", "pairing",
     "interval", "gap_metric", "gap_rel", "gap_rel_lo", "gap_rel_hi", "mde_rel",
     "final_train_loss", "bf16_final_train_loss", "train_gap_abs", "train_gap_rel", "train_gap_rel_lo",
     "train_gap_rel_hi", "train_mde_rel",
@@ -61,7 +62,7 @@ COLUMNS = (
     "eval_gap_rel_hi", "eval_mde_rel",
     "bf16_seed_sd_rel", "loss_floor", "bf16_band_min", "bf16_band_max", "bf16_band_2sigma", "leaves_band",
     "curve_gap_rel_mean", "curve_gap_rel_max", "curve_frac_outside_band", "curve_frac_resolved",
-    "public_anchor", "within_anchor",
+    "rank_tied", "public_anchor", "within_anchor",
     "target_loss", "reached_target", "tokens_to_target", "tokens_to_target_lo", "tokens_to_target_hi",
     "wall_to_target_s", "equal_quality_loss", "token_efficiency", "token_efficiency_lo",
     "token_efficiency_hi", "speedup_equal_quality", "speedup_equal_quality_lo", "speedup_equal_quality_hi",
@@ -434,7 +435,9 @@ def _arm_row(arm: Arm, base: Baseline | None, missing: str) -> dict[str, Any]:
     runs, key = arm.runs, arm.key
     status, divergence = _status_text(runs)
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
-    steps = sorted({r.steps for r in runs if r.steps is not None})
+    # the steps each run was launched with: a run stopped early is a status, not a second budget
+    planned = [r.config.get("steps") if isinstance(r.config.get("steps"), int) else r.steps for r in runs]
+    steps = sorted({s for s in planned if s is not None})
     row.update(
         hardware=key.hardware, model=key.model, data=key.data, tokens=key.tokens, recipe=arm.recipe,
         recipe_label=arm.recipe_label, variant=arm.variant, backend=arm.backend, role=arm.role,
@@ -513,6 +516,7 @@ def _loss_columns(row: dict[str, Any], arm: Arm, base: Baseline) -> None:
         )  # fmt: skip
     else:
         row["verdict"], row["verdict_text"] = S.verdict(headline, _diverged(arm.runs))
+        row["materiality"] = S.materiality(headline) if row["verdict"] != "diverged" else "material"
     _band_columns(row, arm, base, use_eval)
     _curve_columns(row, arm, base)
     anchor = PUBLIC_ANCHORS.get(str(arm.recipe))
@@ -724,16 +728,30 @@ def _compare_group(key: GroupKey, runs: list[Run], all_runs: list[Run], smooth_f
 
 
 def _rank(group: Group) -> None:
-    """rank 1 = best: baseline first (rank 0), then by verdict (better .. diverged), then by gap."""
+    """rank 1 = best: baseline first (rank 0), then by verdict (better .. diverged). Resolved arms are
+    ordered by gap; arms whose interval holds 0 share one rank (`rank_tied`) in alphabetical order:
+    their point estimates say nothing about their order."""
     arms = [a for a in group.arms if a.role != "baseline"]
-    arms.sort(key=lambda a: (S.VERDICT_ORDER.get(a.row["verdict"], 9),
-                             a.row["gap_rel"] if a.row["gap_rel"] is not None else math.inf))  # fmt: skip
+    arms.sort(key=_rank_key)
+    rank, previous = 0, None
     for i, a in enumerate(arms, 1):
-        a.row["rank"] = i
+        tied = a.row["verdict"] in S.UNRESOLVED
+        rank = rank if tied and previous in S.UNRESOLVED else i
+        a.row["rank"], a.row["rank_tied"] = rank, tied
+        previous = a.row["verdict"] if tied else None
+    shared = Counter(a.row["rank"] for a in arms)
+    for a in arms:
+        a.row["rank_tied"] = shared[a.row["rank"]] > 1
     for a in group.arms:
         if a.role == "baseline":
-            a.row["rank"] = 0
-    group.arms.sort(key=lambda a: a.row["rank"])
+            a.row["rank"], a.row["rank_tied"] = 0, False
+    group.arms.sort(key=lambda a: (a.row["rank"], a.name))
+
+
+def _rank_key(arm: Arm) -> tuple:
+    gap = arm.row["gap_rel"] if arm.row["gap_rel"] is not None else math.inf
+    order = S.VERDICT_ORDER.get(arm.row["verdict"], 9)
+    return (order, arm.name) if arm.row["verdict"] in S.UNRESOLVED else (order, gap, arm.name)
 
 
 def _is_baseline_arm(arm_key: tuple, base: Baseline | None) -> bool:

@@ -6,8 +6,10 @@ draw (the report then says in one line what is absent and why: `absent_reason`).
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm, Normalize
@@ -84,25 +86,67 @@ def loss_curves(group: Group) -> Figure | None:
                     m = np.nanmean(st, 0)
                 ax.plot(grid, m, _style(arm), color=colors[id(arm)], lw=1.4,
                         label=f"{arm.name} mean of {len(st)}")  # fmt: skip
-        late = grid >= grid[0] + EARLY_FRAC * (grid[-1] - grid[0])
+        # train: past the early transient; eval has a few points, all of them on the axis
+        late = grid >= grid[0] + EARLY_FRAC * (grid[-1] - grid[0]) if which == "train" else grid == grid
         ys = np.concatenate([ln.get_ydata()[late] for ln in ax.lines] or [np.zeros(0)])
-        if floor is not None:
-            ax.axhline(
-                floor, color="#555", ls=":", lw=1.2, label=f"loss floor {floor:.3f} nats (data entropy)"
-            )
-            ys = np.append(ys, floor)
-        ys = ys[np.isfinite(ys)]
-        if len(ys):
-            lo, hi = ys.min(), ys.max()
-            pad = 0.06 * (hi - lo + 1e-9)
-            ax.set_ylim(lo - pad, hi + pad)
+        ax.set_title(f"{which} loss vs tokens" + loss_axis(ax, ys, floor), fontsize=10)
         ax.set_xlabel("tokens")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{which} loss vs tokens", fontsize=10)
         ax.legend(fontsize=7)
     mark_switches(fig.axes, group, colors)  # precision schedules: where each arm switches recipes
     fig.suptitle(f"{group.key}", fontsize=8)
     return fig
+
+
+def loss_axis(ax, ys: np.ndarray, floor: float | None) -> str:
+    """Set the y-axis to span the curves past the early transient; draw the loss floor when it falls
+    inside, else return the words that state it (a floor far below would squash the curves)."""
+    ys = ys[np.isfinite(ys)]
+    if not len(ys):
+        return ""
+    lo, hi = ys.min(), ys.max()
+    pad = 0.06 * (hi - lo + 1e-9)
+    ax.set_ylim(lo - pad, hi + pad)
+    if floor is None:
+        return ""
+    if lo - pad <= floor:
+        ax.axhline(floor, color="#555", ls=":", lw=1.2, label=f"loss floor {floor:.3f} nats (data entropy)")
+        return ""
+    below = lo - floor
+    return f"\nloss floor {floor:.3f} nats (data entropy), {below:.2f} below the lowest curve: off this axis"
+
+
+def _has_data(band: dict[str, np.ndarray] | None) -> bool:
+    return band is not None and bool(np.isfinite(band["mean"]).any())
+
+
+def gap_axis(ax, arms: list[Arm], which: str) -> list[str]:
+    """Scale the gap axis to the arms' bands past the early transient (and 0); draw a public anchor
+    only where it falls on that scale, labelled with the scale it was measured at; return a line for
+    each anchor left off."""
+    vals = []
+    for arm in arms:
+        b = getattr(arm, f"{which}_band")
+        if _has_data(b):
+            t = b["tokens"]
+            late = t >= t[0] + EARLY_FRAC * (t[-1] - t[0])
+            vals += [100 * b[k][late] for k in ("mean", "lo", "hi")]
+    v = np.concatenate(vals + [np.zeros(1)])
+    v = v[np.isfinite(v)]
+    lo, hi = v.min(), v.max()
+    pad = 0.08 * (hi - lo + 1e-9)
+    lo, hi = lo - pad, hi + pad
+    ax.set_ylim(lo, hi)
+    off = []
+    for recipe, (value, text) in PUBLIC_ANCHORS.items():
+        if not any(a.recipe == recipe for a in arms):
+            continue
+        if lo <= 100 * value <= hi:
+            color = _COLORS.get(recipe, "0.4")
+            ax.axhline(100 * value, color=color, ls="-.", lw=0.9, label=f"public: {text}")
+        else:
+            off.append(f"public: {text} ({100 * value:+.2f}%) is off this scale")
+    return off
 
 
 def gap_curves(group: Group) -> Figure | None:
@@ -111,25 +155,24 @@ def gap_curves(group: Group) -> Figure | None:
     if group.baseline is None or not arms:
         return None
     colors = arm_colors(group)
-    panels = [w for w in ("train", "eval") if any(getattr(a, f"{w}_band") is not None for a in arms)]
+    panels = [w for w in ("train", "eval") if any(_has_data(getattr(a, f"{w}_band")) for a in arms)]
+    if not panels:
+        return None
     fig = Figure(figsize=(6.5 * len(panels), 4.4), layout="constrained")
     for i, which in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         ax.axhline(0, color="black", lw=1)
         for arm in arms:
             b = getattr(arm, f"{which}_band")
-            if b is None:
+            if not _has_data(b):
                 continue
             c = colors[id(arm)]
             ax.plot(b["tokens"], 100 * b["mean"], _style(arm), color=c, lw=1.4, label=arm.name)
             ax.fill_between(b["tokens"], 100 * b["lo"], 100 * b["hi"], color=c, alpha=0.18, lw=0)
-        for recipe, (value, text) in PUBLIC_ANCHORS.items():
-            if any(a.recipe == recipe for a in arms):
-                ax.axhline(100 * value, color=_COLORS.get(recipe, "0.4"), ls="-.", lw=0.9,
-                           label=f"public: {text}")  # fmt: skip
+        off = gap_axis(ax, arms, which)
         ax.set_xlabel("tokens")
         ax.set_ylabel("gap to BF16 (% of BF16 loss), band = 95% CI")
-        ax.set_title(f"{which} loss gap vs tokens", fontsize=10)
+        ax.set_title("\n".join([f"{which} loss gap vs tokens", *off]), fontsize=8 if off else 10)
         ax.legend(fontsize=7)
     fig.suptitle(f"{group.key}", fontsize=8)
     return fig
@@ -211,36 +254,56 @@ def telemetry_heatmaps(cells: pd.DataFrame, title: str) -> Figure | None:
         return None
     cols = list(dict.fromkeys(zip(cells["arm"], cells["tensor"], strict=True)))
     layers = list(dict.fromkeys(cells["layer"]))
-    height = 3.6 + 0.66 * len(layers)
-    fig = Figure(figsize=(min(26, 3 + 0.6 * len(cols)), height), layout="constrained")
-    fig.suptitle(title, fontsize=9)
-    for i, (stat, label) in enumerate(TELEMETRY_PANELS):
-        ax = fig.add_subplot(3, 1, i + 1)
+    panels = [(stat, label) for stat, label in TELEMETRY_PANELS if _finite_any(cells, stat)]
+    if not panels:
+        return None
+    width = min(26, max(9.0, 3 + 0.6 * len(cols)))
+    fig = Figure(figsize=(width, 1.2 + (2.4 + 0.66 * len(layers)) * len(panels)), layout="constrained")
+    fig.suptitle(textwrap.fill(title, int(width * 14)), fontsize=9)
+    for i, (stat, label) in enumerate(panels):
+        ax = fig.add_subplot(len(panels), 1, i + 1)
         m = cells.pivot_table(index="layer", columns=["arm", "tensor"], values=stat, aggfunc="mean")
         m = m.reindex(index=layers, columns=pd.MultiIndex.from_tuples(cols))
         v = m.to_numpy(dtype=float) * (100 if stat != "sqnr_db" else 1)
-        finite = v[np.isfinite(v)]
-        if stat == "sqnr_db":
-            norm = Normalize(*(np.nanmin(finite), np.nanmax(finite)) if len(finite) else (0, 1))
-            cmap = "viridis"
-        else:
-            pos = finite[finite > 0]
-            lo = max(pos.min(), 1e-4) if len(pos) else 1e-4
-            hi = max(finite.max() if len(finite) else 1.0, lo * 10)
-            norm, cmap = LogNorm(lo, hi, clip=True), "magma"
-            v = np.where(v <= 0, lo, v)
-        im = ax.imshow(v, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
+        im, label = _heatmap(ax, v, stat, label)
         ax.set_yticks(range(len(layers)), layers, fontsize=6)
         ax.set_xticks(range(len(cols)), [t for _, t in cols], fontsize=6)
-        arms = list(dict.fromkeys(a for a, _ in cols))
-        for arm in arms:
+        lines = 1
+        for arm in dict.fromkeys(a for a, _ in cols):
             idx = [j for j, (a, _) in enumerate(cols) if a == arm]
             ax.axvline(idx[-1] + 0.5, color="white", lw=2)
-            ax.text(np.mean(idx), -0.7, arm.replace(" [", "\n[").replace(" (", "\n("), ha="center",
-                    va="bottom", fontsize=6)  # fmt: skip
-        ax.set_title(label + ", one scale for all recipes", fontsize=8, pad=26)
+            # an arm's name wrapped to the width of its columns, so neighbours do not overlap
+            text = textwrap.fill(arm, max(14, int(width * 12 * len(idx) / len(cols))))
+            lines = max(lines, text.count("\n") + 1)
+            ax.text(np.mean(idx), -0.7, text, ha="center", va="bottom", fontsize=6)
+        ax.set_title(label + ", one scale for all recipes", fontsize=8, pad=8 + 8 * lines)
         fig.colorbar(im, ax=ax, shrink=0.9)
     return fig
+
+
+def _finite_any(cells: pd.DataFrame, stat: str) -> bool:
+    return stat in cells and bool(np.isfinite(pd.to_numeric(cells[stat], errors="coerce")).any())
+
+
+ZERO_COLOR = "#9ecae1"
+"""Cells whose statistic is exactly 0 (no element flushed or saturated), apart from the log scale."""
+
+
+def _heatmap(ax, v: np.ndarray, stat: str, label: str):
+    """imshow of one statistic; percentages on a log scale with exact zeros in their own colour."""
+    finite = v[np.isfinite(v)]
+    if stat == "sqnr_db":
+        norm = Normalize(*(np.nanmin(finite), np.nanmax(finite)) if len(finite) else (0, 1))
+        return ax.imshow(v, aspect="auto", cmap="viridis", norm=norm, interpolation="nearest"), label
+    pos = finite[finite > 0]
+    lo = max(pos.min(), 1e-4) if len(pos) else 1e-4
+    hi = max(finite.max() if len(finite) else 1.0, lo * 10)
+    cmap = matplotlib.colormaps["magma"].with_extremes(under=ZERO_COLOR, bad="white")
+    v = np.where(v <= 0, lo / 10, np.maximum(v, lo))
+    im = ax.imshow(v, aspect="auto", cmap=cmap, norm=LogNorm(lo, hi, clip=False), interpolation="nearest")
+    if (finite == 0).any():
+        label += "; exact 0 in light blue"
+    return im, label
 
 
 def save(fig: Figure, out_dir: str | Path, stem: str) -> list[Path]:

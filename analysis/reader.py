@@ -213,6 +213,8 @@ def load_runs(paths: list[str | os.PathLike] | str | os.PathLike, *, workers: in
         from_wandb: dict[str, int] = {}
         for f in wandb_files:
             run = read_offline_run(f, name=_run_name(f.parent, roots))
+            if (run.wandb or {}).get("job_type") == "analysis":
+                continue  # the report's own W&B run (`lowp-report --wandb`), not a training run
             rid = (run.wandb or {}).get("run_id")
             if rid and rid in from_wandb and run.config and not runs[from_wandb[rid]].config:
                 runs[from_wandb[rid]] = run  # the run itself, found after a resumed file of its id

@@ -26,23 +26,23 @@ import pandas as pd
 from analysis import keys as K
 from analysis import stats as S
 from analysis.frames import Runs, comparison_frame, gap_curves, load
-from analysis.pairing import EARLY_FRAC, GRID_POINTS, PUBLIC_ANCHORS, SMOOTH_FRAC, Comparison, Group, arm_name
+from analysis.pairing import EARLY_FRAC, GRID_POINTS, PUBLIC_ANCHORS, SMOOTH_FRAC, Comparison, Group
 from analysis.reader import RunWarning
+from analysis.report_text import (
+    decision,
+    empty_columns,
+    fmt_tokens,
+    job_order,
+    row_name,
+    status_counts,
+    telemetry_absent,
+)
 
 # --- cells -----------------------------------------------------------------------------------------
 
 
 def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def fmt_tokens(v: Any) -> str:
-    if not _num(v):
-        return "—"
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= div:
-            return f"{v / div:.3g}{unit}"
-    return f"{v:.0f}"
 
 
 def _ci(row: pd.Series, col: str, fmt: str, scale: float = 1.0, suffix: str = "") -> str | None:
@@ -56,11 +56,6 @@ def _ci(row: pd.Series, col: str, fmt: str, scale: float = 1.0, suffix: str = ""
     return s
 
 
-def row_name(row: pd.Series) -> str:
-    """The arm of a comparison row, named as its curves are (`pairing.arm_name`)."""
-    return arm_name(row["recipe_label"], row["variant"], row["backend"])
-
-
 def display_frame(comp: pd.DataFrame) -> pd.DataFrame:
     """The ranked table's human-readable cells, one row per arm (baseline first)."""
 
@@ -72,12 +67,12 @@ def display_frame(comp: pd.DataFrame) -> pd.DataFrame:
         note = row.get("speed_note") or ""
         eq = _ci(row, "speedup_equal_quality", ".2f", suffix="x")
         if eq is None and not base:
-            eq = _withheld(row, "speedup") or note or "—"
+            eq = note or _withheld(row, "speedup") or "—"
         tok = _ci(row, "token_efficiency", ".2f", suffix="x")
         if tok is None and not base:
             tok = _withheld(row, "token efficiency") or "—"
         return {
-            "rank": "BF16" if base else str(int(row["rank"])),
+            "rank": "BF16" if base else f"{int(row['rank'])}{'=' if row.get('rank_tied') else ''}",
             "recipe": row_name(row),
             "verdict": _short_verdict(row),
             "gap [95% CI]": f"{gap} ({metric})" if gap and gap != "—" else "—",
@@ -102,7 +97,7 @@ def _short_verdict(row: pd.Series) -> str:
     if row.get("verdict") == "indistinguishable":
         return "indistinguishable from BF16 at this budget"
     if row.get("verdict") in ("worse", "better"):
-        return text.split(" [")[0]
+        return f"{text.split(' [')[0]}, {S.materiality_text(row.get('materiality'))}"
     return text
 
 
@@ -115,46 +110,8 @@ def _withheld(row: pd.Series, what: str) -> str | None:
 
 
 def group_sentence(g: Group, df: pd.DataFrame) -> str:
-    """The group's answer in one paragraph: what is resolved, what is not, at which budget."""
-    arms = df[df["role"] != "baseline"]
-    base = df[df["role"] == "baseline"]
-    budget = budget_text(g)
-    if base.empty:
-        return f"{budget}: no completed BF16 run, so nothing is compared."
-    parts = []
-    for verdict, title in (("worse", "worse than BF16"), ("better", "better than BF16"),
-                           ("diverged", "diverged"), ("indistinguishable", "indistinguishable from BF16"),
-                           ("one seed", "one seed only (no interval)")):  # fmt: skip
-        sel = arms[arms["verdict"] == verdict]
-        if sel.empty:
-            continue
-        items = [f"{row_name(r)} {_ci(r, 'gap_rel', '+.2f', 100, '%') or ''}".rstrip()
-                 for _, r in sel.iterrows()]  # fmt: skip
-        parts.append(f"{title}: " + ", ".join(items))
-    mde = arms["mde_rel"].dropna()
-    resolved = arms["verdict"].isin(["worse", "better", "diverged"]).any()
-    tail = ""
-    if len(mde):
-        tail = (f" At this budget a gap of about {100 * mde.min():.2f}%-{100 * mde.max():.2f}% "
-                "would be detected (80% power, 5% level).")  # fmt: skip
-    lead = ""
-    if not resolved and len(arms):
-        lead = "No recipe separates from BF16 at this budget. "
-        tail += (" To resolve a gap g the interval must shrink below g: it narrows as 1/sqrt(seeds), and "
-                 "seed noise falls as training runs longer.")  # fmt: skip
-    methods = ", ".join(sorted(set(arms["interval"].dropna())))
-    if methods:
-        tail += f" Intervals: {methods}."
-    if not parts:
-        return f"{budget}: no low-precision run."
-    return f"{lead}{budget}. " + "; ".join(parts) + "." + tail
-
-
-def budget_text(g: Group) -> str:
-    steps = sorted({r.steps for r in g.runs if r.steps})
-    seeds = sorted({r.seed for r in g.runs if r.seed is not None})
-    return (f"{g.key.hardware} / {g.key.model} / {g.key.data}: {len(seeds)} seeds x "
-            f"{','.join(map(str, steps))} steps, {fmt_tokens(g.key.tokens)} tokens per run")  # fmt: skip
+    """The group's answer in one paragraph (`report_text.decision`)."""
+    return decision(g, df)
 
 
 # --- method ------------------------------------------------------------------------------------------
@@ -179,8 +136,12 @@ def method_items(smooth_frac: float) -> list[str]:
         f"this design calls non-zero with {100 * S.POWER:g}% power at the 5% level.",
         "Verdict: 'worse'/'better' when the interval excludes 0; 'indistinguishable at this budget' when "
         "it holds 0 (not 'equal': smaller than the design resolves); 'diverged at step N' when a seed "
-        "diverged; 'one seed' when no interval exists. Ranked: better, indistinguishable, worse, diverged, "
-        "then by gap.",
+        "diverged; 'one seed' when no interval exists. A resolved gap is 'material' when its point estimate "
+        f"is at least {100 * S.MATERIAL_REL:g}% of the BF16 loss (the largest gap DeepSeek-V3 accepted for "
+        "FP8), "
+        "else 'resolved, negligible'. Ranked: better, then the arms whose interval holds 0 (one shared rank, "
+        "'N=', listed alphabetically: their point estimates do not order them), worse, diverged; resolved "
+        "arms by gap.",
         f"Smoothing: train loss is a trailing mean over the last {100 * smooth_frac:g}% of the token "
         f"budget; curves are interpolated onto a {GRID_POINTS}-point token grid spanning the BF16 runs; "
         f"curve statistics skip the first {100 * EARLY_FRAC:g}% of tokens. The gap band is the same "
@@ -192,6 +153,11 @@ def method_items(smooth_frac: float) -> list[str]:
         "Speed and memory: summary.tokens_per_s and summary.peak_mem_gib of native (te) runs over the mean "
         "of native BF16 runs on the same hardware; throughput's interval is over the arm's seeds. Emulated "
         "runs contribute numerics only.",
+        "Gap forecasts: per seed, the raw train-loss gap to the BF16 run of the same seed past the early "
+        "transient, fitted by a constant or a + b (t/t0)^-c (c = 0.5 or 1), the member chosen by hold-out "
+        "(last 30% of the points); the arm's forecast is the t interval over the per-seed predictions. "
+        "Refused with fewer than 5 points, when the chosen fit fails its own hold-out, or beyond "
+        "analysis.forecast.VALIDATED_RATIO x the measured tokens (benchmarks/RESULTS.md 'Gap forecasts').",
         "Loss floor: summary.loss_floor, the data's entropy rate (markov), drawn on the loss curves. Units "
         f"are nats. Public reference lines (anchors.md, far larger scale): {anchors}.",
     ]
@@ -208,7 +174,7 @@ table{border-collapse:collapse;font-size:12px;margin:.4em 0}td,th{border:1px sol
 text-align:left;vertical-align:top}th{background:#f3f3f3}img{max-width:100%}figure{margin:1em 0}
 figcaption,.small{font-size:12px;color:#555}.answer{font-size:14px;background:#f7f7ee;padding:6px 10px;
 border-left:4px solid #b90}.worse{color:#a00;font-weight:600}.better{color:#070;font-weight:600}
-.diverged{color:#a00;font-weight:700}.warn{color:#850}li{margin:.2em 0}
+.diverged{color:#a00;font-weight:700}.negligible{color:#555}.warn{color:#850}li{margin:.2em 0}
 </style></head><body>
 <h1>lowp: which recipe? Low-precision recipes against BF16</h1>
 <p class=small>{{ intro }}</p>
@@ -219,8 +185,9 @@ border-left:4px solid #b90}.worse{color:#a00;font-weight:600}.better{color:#070;
 {% for cells, v in g.rows %}<tr>{% for c in cells %}
 <td{% if loop.index == 3 %} class="{{ v }}"{% endif %}>{{ c }}</td>{% endfor %}</tr>
 {% endfor %}</table>
-{% if g.warnings %}<p class=warn>Config warnings printed during these runs:
-{% for w in g.warnings %}<br>&bull; {{ w }}{% endfor %}</p>{% endif %}
+{% for d in g.dropped %}<p class=small>{{ d }}</p>{% endfor %}
+{% if g.forecasts %}<h3>Gap forecasts (fit on the measured gap, extrapolated in tokens)</h3>
+<ul>{% for f in g.forecasts %}<li>{{ f }}</li>{% endfor %}</ul>{% endif %}
 {% if g.moe %}<h3>MoE: load balance and experts</h3>
 <table><tr>{% for h in g.moe.table.columns %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in g.moe.table.itertuples(index=False) %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>
@@ -235,7 +202,6 @@ border-left:4px solid #b90}.worse{color:#a00;font-weight:600}.better{color:#070;
 {% if f.name == 'telemetry' and g.outliers %}
 <ul>{% for o in g.outliers %}<li>{{ o }}</li>{% endfor %}</ul>{% endif %}
 {% endfor %}
-{% for n in g.notes %}<p class=small>note: {{ n }}</p>{% endfor %}
 {% endfor %}
 <h2>How every number was obtained</h2><ul>{% for m in method %}<li>{{ m }}</li>{% endfor %}</ul>
 <h2>Warnings</h2>
@@ -243,6 +209,7 @@ border-left:4px solid #b90}.worse{color:#a00;font-weight:600}.better{color:#070;
 <h2>Runs</h2><table><tr>{% for h in runs.columns %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in runs.itertuples(index=False) %}<tr>
 {% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>{% endfor %}</table>
+{% for d in runs_dropped %}<p class=small>{{ d }}</p>{% endfor %}
 </body></html>
 """,
     autoescape=True,
@@ -258,9 +225,13 @@ MARKDOWN = jinja2.Template(
 **{{ g.sentence }}**
 
 {{ md_table(g.table) }}
-{% if g.warnings %}
-Config warnings printed during these runs:
-{% for w in g.warnings %}- {{ w }}
+{% for d in g.dropped %}
+{{ d }}
+{% endfor %}
+{% if g.forecasts %}
+### Gap forecasts (fit on the measured gap, extrapolated in tokens)
+
+{% for f in g.forecasts %}- {{ f }}
 {% endfor %}{% endif %}
 {% if g.moe %}
 ### MoE: load balance and experts
@@ -280,8 +251,7 @@ Config warnings printed during these runs:
 {% endif %}{% if f.name == 'telemetry' and g.outliers %}
 {% for o in g.outliers %}- {{ o }}
 {% endfor %}{% endif %}{% endfor %}
-{% for n in g.notes %}- note: {{ n }}
-{% endfor %}{% endfor %}
+{% endfor %}
 ## How every number was obtained
 
 {% for m in method %}- {{ m }}
@@ -294,6 +264,9 @@ Config warnings printed during these runs:
 ## Runs
 
 {{ md_table(runs) }}
+{% for d in runs_dropped %}
+{{ d }}
+{% endfor %}
 """,
     autoescape=False,
 )
@@ -312,17 +285,37 @@ RUN_COLUMNS = ("run", "recipe", "recipe_label", "variant", "backend", "hardware"
                "diverged_step")  # fmt: skip
 
 
-def runs_table(runs: Runs) -> pd.DataFrame:
-    df = runs.runs.reindex(columns=list(RUN_COLUMNS)).copy()
+def runs_table(runs: Runs) -> tuple[pd.DataFrame, list[str]]:
+    """The runs in job order; an emulated run's tokens/s marked as not the recipe's speed; columns
+    with no value for any run dropped, with one line each saying why."""
+    df = job_order(runs.runs.reindex(columns=list(RUN_COLUMNS)))
     for c in ("final_train_loss", "final_eval_loss"):
         df[c] = df[c].map(lambda v: f"{v:.4f}" if _num(v) else "—")
-    for c in ("tokens_per_s", "peak_mem_gib"):
-        df[c] = df[c].map(lambda v: f"{v:.4g}" if _num(v) else "—")
-    return df.astype(object).where(df.notna(), "—")
+    emulated = df["backend"] == K.EMULATED_BACKEND
+    tps = df["tokens_per_s"].map(lambda v: f"{v:.4g}" if _num(v) else "—")
+    df["tokens_per_s"] = tps.where(~emulated | (tps == "—"), tps + " (emulated: not the recipe's speed)")
+    df["peak_mem_gib"] = df["peak_mem_gib"].map(lambda v: f"{v:.4g}" if _num(v) else "—")
+    df = df.astype(object).where(df.notna(), "—")
+    why = {"peak_mem_gib": "no run recorded a device's peak memory (CPU runs record resident memory only)",
+           "diverged_step": "no run diverged"}  # fmt: skip
+    return empty_columns(df, list(RUN_COLUMNS), why)
+
+
+ARM_SPEED_COLUMNS = ["throughput vs BF16", "memory vs BF16", "speedup @ equal loss"]
+
+
+def group_table(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The ranked table of a group without the speed columns that carry nothing for any arm (e.g. a
+    CPU-only group: emulated speed is not the recipe's speed), and one line per dropped column."""
+    table = display_frame(df)
+    arms = table[df["role"].to_numpy() != "baseline"]
+    kept, lines = empty_columns(arms, ARM_SPEED_COLUMNS, {})
+    return table[[c for c in table.columns if c in kept.columns]], lines
 
 
 def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: list[str], *,
-                 figures: bool = True) -> Path:  # fmt: skip
+                 figures: bool = True, target_tokens: float | None = None,
+                 target_loss: float | None = None) -> Path:  # fmt: skip
     """Write comparison.csv, gaps.csv, runs.csv, report.md, plots/ and report.html; returns the html."""
     from analysis import plots, precision_ranking
     from analysis.moe import frame as moe_frame
@@ -353,27 +346,56 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
                 entry["png"] = base64.b64encode(png.read_bytes()).decode("ascii")
                 entry["path"] = png.relative_to(out).as_posix()
             figs.append(entry)
+        table, dropped = group_table(df)
         groups.append({
             "title": f"{g.key.hardware} / {g.key.model} / {g.key.data} / {fmt_tokens(g.key.tokens)} tokens",
-            "sentence": group_sentence(g, df), "table": display_frame(df),
-            "rows": list(zip(display_frame(df).itertuples(index=False), df["verdict"].fillna(""),
-                             strict=True)),
-            "warnings": list(dict.fromkeys(w for r in g.runs for w in r.config_warnings)),
-            "figures": figs, "outliers": outliers(cells), "notes": g.notes, "moe": moe,
+            "sentence": group_sentence(g, df), "table": table, "dropped": dropped,
+            "rows": list(zip(table.itertuples(index=False), verdict_classes(df), strict=True)),
+            "figures": figs, "outliers": telemetry_absent(g, cells) + outliers(cells), "moe": moe,
+            "forecasts": forecast_lines(g, target_tokens, target_loss),
         })  # fmt: skip
     if moe_sections:
         moe_frame(moe_sections).to_csv(out / "moe.csv", index=False)
-    intro = (f"{len(runs)} runs ({sum(r.status == K.INCOMPLETE for r in runs.objects)} incomplete) in "
-             f"{len(comparison.groups)} group(s), read from {', '.join(inputs)} on "
-             f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}. Gaps are % of the BF16 loss (nats); "
-             f"[..] is the {100 * S.LEVEL:g}% interval over seeds; positive = worse than BF16.")  # fmt: skip
+    intro = (f"{status_counts(runs.objects)}, in {len(comparison.groups)} group(s), read from "
+             f"{', '.join(inputs)} on {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}. Gaps are % of the "
+             f"BF16 loss (nats); [..] is the {100 * S.LEVEL:g}% interval over seeds; positive = worse than "
+             "BF16.")  # fmt: skip
+    runs_df, runs_dropped = runs_table(runs)
     ctx = dict(intro=intro, groups=groups, method=method_items(comparison.smooth_frac),
-               issues=runs.issues + comparison.notes, runs=runs_table(runs), md_table=md_table)  # fmt: skip
+               issues=warning_lines(runs, comparison), runs=runs_df, runs_dropped=runs_dropped,
+               md_table=md_table)  # fmt: skip
     (out / "report.md").write_text(MARKDOWN.render(**ctx), encoding="utf-8")
     precision_ranking.append_to_report(runs, out)  # counterfactual telemetry's module ranking, if any
     html_path = out / "report.html"
     html_path.write_text(HTML.render(**ctx), encoding="utf-8")
     return html_path
+
+
+def forecast_lines(g: Group, target_tokens: float | None, target_loss: float | None) -> list[str]:
+    """The group's gap forecasts (`analysis.forecast`), and equal quality at `target_loss` if asked."""
+    from analysis.forecast import equal_quality, group_forecasts
+
+    lines = [f.text() for f in group_forecasts(g, target_tokens)]
+    return lines + (equal_quality(g, target_loss) if target_loss else [])
+
+
+def verdict_classes(df: pd.DataFrame) -> list[str]:
+    """The CSS class of each row's verdict cell: a resolved but negligible gap is not shouted."""
+    return [
+        "negligible" if m == "negligible" else str(v or "")
+        for v, m in zip(df["verdict"], df["materiality"], strict=True)
+    ]
+
+
+def warning_lines(runs: Runs, comparison: Comparison) -> list[str]:
+    """The report's one warnings list: config warnings printed during the runs (with their group), what
+    the loader found, and each group's notes; every line once."""
+    lines = []
+    for g in comparison.groups:
+        seen = dict.fromkeys(w for r in g.runs for w in r.config_warnings)
+        where = f"[{g.key.model}, {fmt_tokens(g.key.tokens)} tokens]"
+        lines += [f"{where} printed during the runs: {w}" for w in seen]
+    return list(dict.fromkeys(lines + runs.issues + comparison.notes))
 
 
 def group_rows(comp: pd.DataFrame, g: Group) -> pd.DataFrame:
@@ -394,10 +416,13 @@ def terminal_table(comparison: Comparison, numerics: pd.DataFrame | None = None)
     parts = []
     for g in comparison.groups:
         df = group_rows(comp, g)
-        disp = display_frame(df)[["rank", "recipe", "verdict", "gap [95% CI]", "would detect ≥",
-                                  "throughput vs BF16", "seeds × steps"]]  # fmt: skip
+        table, dropped = group_table(df)
+        cols = ["rank", "recipe", "verdict", "gap [95% CI]", "would detect ≥", "throughput vs BF16",
+                "seeds × steps"]  # fmt: skip
+        disp = table[[c for c in cols if c in table]]
         base = f"BF16 seeds {','.join(map(str, g.baseline.seeds))}" if g.baseline else "NONE"
         parts.append(f"\n== {g.key}  (baseline: {base})\n" + disp.to_string(index=False))
+        parts += dropped
         moe = moe_section(g, numerics if numerics is not None else pd.DataFrame())
         if moe is not None:
             parts.append("-- MoE load balance\n" + moe["table"].to_string(index=False))
@@ -422,6 +447,13 @@ def main(argv: list[str] | None = None) -> int:
         help="trailing smoothing window as a fraction of the token budget (default %(default)s)",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the figures (tables only)")
+    p.add_argument("--target-tokens", type=float, metavar="N",
+                   help="forecast every arm's gap to BF16 at N tokens per run (default: the largest "
+                        "validated extrapolation ratio x the measured budget); refused beyond it, with the "
+                        "reason")  # fmt: skip
+    p.add_argument("--target-loss", type=float, metavar="L",
+                   help="also forecast the tokens BF16 and each arm need to reach loss L (nats) and "
+                        "their ratio (token efficiency at equal loss)")  # fmt: skip
     p.add_argument("--wandb", action="store_true",
                    help="also log the comparison (wandb.Table), the report (artifact) and each run's verdict "
                         "to W&B, in the sweep's group (WANDB_MODE decides offline/online)")  # fmt: skip
@@ -429,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.smooth_frac < 1:
         print(f"error: --smooth-frac={args.smooth_frac}: must be in (0, 1), e.g. 0.05", file=sys.stderr)
         return 2
+    for opt, v in (("--target-tokens", args.target_tokens), ("--target-loss", args.target_loss)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            print(f"error: {opt}={v:g}: must be a positive number, e.g. {opt}=1e6", file=sys.stderr)
+            return 2
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RunWarning)
@@ -446,8 +482,12 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.frames import comparison_of
 
     comparison = comparison_of(runs, args.smooth_frac)
-    html_path = write_report(runs, comparison, out, [str(d) for d in args.dirs], figures=not args.no_plots)
+    html_path = write_report(runs, comparison, out, [str(d) for d in args.dirs], figures=not args.no_plots,
+                             target_tokens=args.target_tokens, target_loss=args.target_loss)  # fmt: skip
     print(terminal_table(comparison, runs.numerics))
+    for g in comparison.groups:
+        lines = forecast_lines(g, args.target_tokens, args.target_loss)
+        print("\n".join(f"forecast: {line}" for line in lines))
     for note in comparison.notes:
         print(f"note: {note}")
     if args.wandb:

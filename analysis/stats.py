@@ -25,6 +25,9 @@ from scipy import stats as _st
 
 LEVEL = 0.95
 POWER = 0.80
+MATERIAL_REL = 0.0025
+"""A gap is material at >= 0.25% of the BF16 loss: the largest gap DeepSeek-V3 accepted for its FP8
+recipe (anchors.md). A resolved gap below it is reported as resolved but negligible, not shouted."""
 
 
 @dataclass(frozen=True)
@@ -163,8 +166,17 @@ def ci_text(iv: Interval, unit: str = "%") -> str:
     return f"[{iv.lo:.2f}, {iv.hi:.2f}]{unit}"
 
 
+def materiality(rel: Interval | None, threshold: float = MATERIAL_REL) -> str:
+    """'material' when the interval excludes 0 and |gap| >= threshold, 'negligible' when it excludes 0
+    below it, 'unresolved' otherwise (no interval, or one that holds 0)."""
+    if rel is None or not math.isfinite(rel.lo) or not rel.excludes_zero:
+        return "unresolved"
+    return "material" if abs(rel.mean) >= threshold else "negligible"
+
+
 def verdict(rel: Interval | None, diverged: str | None = None) -> tuple[str, str]:
-    """(short verdict, sentence) for a relative gap interval (positive = worse than BF16)."""
+    """(short verdict, sentence) for a relative gap interval (positive = worse than BF16). A resolved
+    gap says whether it is material (`MATERIAL_REL`)."""
     if diverged:
         return "diverged", f"diverged {diverged}"
     if rel is None:
@@ -172,12 +184,21 @@ def verdict(rel: Interval | None, diverged: str | None = None) -> tuple[str, str
     if not math.isfinite(rel.lo):
         return "one seed", f"gap {pct(rel.mean)} from one seed: no interval (run >= 3 seeds)"
     detect = f"would detect >= {100 * rel.mde:.2f}%"
-    if rel.lo > 0:
-        return "worse", f"worse than BF16 by {100 * rel.mean:.2f}% {ci_text(rel)}"
-    if rel.hi < 0:
-        return "better", f"better than BF16 by {100 * -rel.mean:.2f}% {ci_text(rel)}"
-    return "indistinguishable", f"indistinguishable from BF16 at this budget ({detect}; gap {ci_text(rel)})"
+    side = "worse" if rel.lo > 0 else "better" if rel.hi < 0 else None
+    if side is None:
+        text = f"indistinguishable from BF16 at this budget ({detect}; gap {ci_text(rel)})"
+        return "indistinguishable", text
+    size = f"{side} than BF16 by {100 * abs(rel.mean):.2f}% {ci_text(rel)}"
+    return side, f"{size}, {materiality_text(materiality(rel))}"
 
 
-VERDICT_ORDER = {"better": 0, "indistinguishable": 1, "one seed": 2, "worse": 3, "diverged": 4, "no data": 5}
-"""Ranking of verdicts inside a group (ties: by gap)."""
+def materiality_text(kind: str) -> str:
+    """'material, >= 0.25%' or 'resolved, negligible: < 0.25%'."""
+    thr = f"{100 * MATERIAL_REL:g}%"
+    return f"material, >= {thr}" if kind == "material" else f"resolved, negligible: < {thr}"
+
+
+VERDICT_ORDER = {"better": 0, "indistinguishable": 1, "one seed": 1, "worse": 3, "diverged": 4, "no data": 5}
+"""Ranking of verdicts inside a group: resolved ones by gap; arms whose interval holds 0 (or that have
+no interval) share one rank and are listed alphabetically, since their point estimates do not order them."""
+UNRESOLVED = ("indistinguishable", "one seed")

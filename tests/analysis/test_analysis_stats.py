@@ -141,7 +141,7 @@ def test_intervals_match_scipy() -> None:
 
 def test_verdict_words() -> None:
     worse = S.Interval(0.02, 0.01, 0.03, 0.005, 2, 3, "paired t", 0.015)
-    assert S.verdict(worse) == ("worse", "worse than BF16 by 2.00% [+1.00, +3.00]%")
+    assert S.verdict(worse) == ("worse", "worse than BF16 by 2.00% [+1.00, +3.00]%, material, >= 0.25%")
     better = S.Interval(-0.02, -0.03, -0.01, 0.005, 2, 3, "paired t", 0.015)
     assert S.verdict(better)[0] == "better" and "better than BF16 by 2.00%" in S.verdict(better)[1]
     same = S.Interval(0.001, -0.01, 0.012, 0.005, 2, 3, "paired t", 0.015)

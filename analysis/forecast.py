@@ -1,0 +1,278 @@
+"""Gap forecasts: the paired per-seed gap to BF16 as a function of tokens, fitted and extrapolated to
+the user's budget with a prediction interval, or refused with the reason.
+
+Data: for each seed of an arm, the raw train-loss gap to the BF16 run of the same seed at every logged
+step, relative to that BF16 loss, past the early transient (`pairing.EARLY_FRAC` of the tokens).
+
+Family (linear in its parameters, so every fit is ordinary least squares with a closed-form
+prediction variance): `constant` g = a, and `decay(c)` g = a + b (t / t0)^-c for c in `EXPONENTS`
+(t0 = the first fitted token). The member is chosen by hold-out: each is fitted on the first
+`1 - HOLDOUT` of the points and scored on the rest; the lowest squared error wins (ties go to the
+simpler). The chosen member is refitted on every point.
+
+Prediction at tokens T for one seed: the fit's value with the OLS prediction variance
+s^2 (x0' (X'X)^-1 x0 + 1/m), m = the points the target is averaged over (the final smoothing window);
+the arm's forecast is the mean over seeds with a t interval over the per-seed predictions (one seed:
+that seed's prediction interval).
+
+Refusals, each with its reason: fewer than `MIN_POINTS` points past the early transient; a chosen fit
+whose own hold-out mean falls outside its prediction interval; a target beyond `VALIDATED_RATIO` times
+the measured tokens, the largest extrapolation ratio at which `python -m benchmarks forecast_check`
+measured coverage of at least 90% of nominal (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as _st
+
+from analysis import keys as K
+from analysis import stats as S
+from analysis.pairing import EARLY_FRAC, Arm, Group
+from analysis.run import Run
+
+EXPONENTS = (0.5, 1.0)
+HOLDOUT = 0.3
+MIN_POINTS = 5
+VALIDATED_RATIO = 2.0
+"""Largest target/measured token ratio at which forecast_check's coverage was >= 90% of nominal."""
+VALIDATED_TEXT = (
+    "forecast_check measured 89% coverage of the 95% interval over 47 forecasts at 2x, 88% over only 16 "
+    "at 3x; benchmarks/RESULTS.md 'Gap forecasts'"
+)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One member of the family fitted to (tokens, gap) points."""
+
+    name: str
+    beta: np.ndarray
+    xtx_inv: np.ndarray
+    s2: float
+    df: int
+    t0: float
+    c: float | None
+
+    def design(self, t: np.ndarray) -> np.ndarray:
+        return design(t, self.t0, self.c)
+
+    def predict(self, t: float, m: int = 1) -> tuple[float, float]:
+        """(value, prediction standard error) at tokens t for the mean of m new points."""
+        x0 = self.design(np.array([t], dtype=float))[0]
+        var = self.s2 * (float(x0 @ self.xtx_inv @ x0) + 1.0 / m)
+        return float(x0 @ self.beta), math.sqrt(max(var, 0.0))
+
+    def interval(self, t: float, m: int = 1) -> tuple[float, float, float]:
+        y, se = self.predict(t, m)
+        half = float(_st.t.ppf(0.5 + S.LEVEL / 2, max(self.df, 1))) * se
+        return y, y - half, y + half
+
+
+def design(t: np.ndarray, t0: float, c: float | None) -> np.ndarray:
+    ones = np.ones_like(t, dtype=float)
+    return ones[:, None] if c is None else np.column_stack([ones, (t / t0) ** -c])
+
+
+def fit(t: np.ndarray, y: np.ndarray, c: float | None, t0: float | None = None) -> Fit | None:
+    """OLS fit of one member (c=None: constant); None with too few points for its parameters."""
+    t0 = float(t[0]) if t0 is None else t0
+    x = design(t, t0, c)
+    n, p = x.shape
+    if n <= p:
+        return None
+    xtx_inv = np.linalg.pinv(x.T @ x)
+    beta = xtx_inv @ x.T @ y
+    resid = y - x @ beta
+    s2 = float(resid @ resid / (n - p))
+    name = "constant" if c is None else f"a + b (t/t0)^-{c:g}"
+    return Fit(name, beta, xtx_inv, s2, n - p, t0, c)
+
+
+def choose(t: np.ndarray, y: np.ndarray) -> tuple[Fit | None, str | None]:
+    """The family member with the lowest hold-out error, refitted on all points; or the refusal."""
+    if len(t) < MIN_POINTS:
+        return None, f"{len(t)} points past the early transient (needs >= {MIN_POINTS})"
+    cut = max(2, int(round(len(t) * (1 - HOLDOUT))))
+    best, best_err, best_head = None, math.inf, None
+    for c in (None, *EXPONENTS):
+        head = fit(t[:cut], y[:cut], c, float(t[0]))
+        if head is None:
+            continue
+        err = float(np.mean((y[cut:] - head.design(t[cut:]) @ head.beta) ** 2))
+        if err < best_err - 1e-15:
+            best, best_err, best_head = c, err, head
+    if best_head is None:
+        return None, "too few points to hold any out"
+    _, lo, hi = best_head.interval(float(np.mean(t[cut:])), len(t) - cut)
+    held = float(np.mean(y[cut:]))
+    if not lo <= held <= hi:
+        return None, (f"the chosen fit ({best_head.name}) fails its own hold-out: the last {len(t) - cut} "
+                      f"points average {100 * held:+.3f}%, outside its interval "
+                      f"[{100 * lo:+.3f}, {100 * hi:+.3f}]%")  # fmt: skip
+    return fit(t, y, best, float(t[0])), None
+
+
+def seed_gap(run: Run, bf16: Run, until: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Relative raw train-loss gap of `run` to `bf16` (same seed) at the run's logged tokens, past the
+    early transient of the run's budget and up to `until` tokens."""
+    t, y = run.train[K.TOKENS], run.train.get(K.LOSS_TRAIN)
+    tb, yb = bf16.train[K.TOKENS], bf16.train.get(K.LOSS_TRAIN)
+    if y is None or yb is None or not len(t):
+        return np.zeros(0), np.zeros(0)
+    ok = np.isfinite(y)
+    ref = np.interp(t, tb[np.isfinite(yb)], yb[np.isfinite(yb)], left=np.nan, right=np.nan)
+    budget = run.token_budget or float(t[-1])
+    keep = ok & np.isfinite(ref) & (t >= EARLY_FRAC * budget) & (t <= (until if until else math.inf))
+    return t[keep].astype(float), (y[keep] - ref[keep]) / ref[keep]
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """An arm's gap forecast at `target` tokens: mean [lo, hi] relative to BF16, or `refused`."""
+
+    arm: str
+    target: float
+    measured: float
+    mean: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    family: str = ""
+    seeds: int = 0
+    refused: str | None = None
+
+    def text(self) -> str:
+        where = f"at {_tokens(self.target)} tokens ({self.target / self.measured:.3g}x the measured budget)"
+        if self.refused:
+            return f"{self.arm}: no forecast {where}: {self.refused}"
+        ci = f"[{100 * self.lo:+.2f}, {100 * self.hi:+.2f}]%"
+        return (f"{self.arm}: gap {where} {100 * self.mean:+.2f}% {ci} ({S.LEVEL:.0%} prediction interval "
+                f"over {self.seeds} seed(s); fit {self.family})")  # fmt: skip
+
+
+def _tokens(v: float) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= div:
+            return f"{v / div:.3g}{unit}"
+    return f"{v:.0f}"
+
+
+Prediction = tuple[float, float, float]
+
+
+def seed_prediction(run: Run, bf16: Run, target: float, until: float | None = None,
+                    m: int = 1) -> tuple[Fit | None, str | None, Prediction | None]:  # fmt: skip
+    """(fit, refusal, (value, lo, hi) at target) for one arm seed against its BF16 seed."""
+    t, y = seed_gap(run, bf16, until)
+    f, why = choose(t, y)
+    if f is None:
+        return None, why, None
+    return f, None, f.interval(target, m)
+
+
+def arm_forecast(arm: Arm, group: Group, target: float, ratio: float = VALIDATED_RATIO) -> Forecast:
+    """The arm's gap at `target` tokens from its seeds paired with BF16 seeds, or the refusal."""
+    measured = float(group.key.tokens or 0)
+    base = group.baseline
+    out = dict(arm=arm.name, target=float(target), measured=measured or float(target))
+    if not measured or base is None:
+        return Forecast(**out, refused="no BF16 baseline or token budget")
+    if target > ratio * measured * (1 + 1e-9):
+        why = (f"beyond {ratio:g}x the measured {_tokens(measured)} tokens, the largest extrapolation ratio "
+               f"validated ({VALIDATED_TEXT})")  # fmt: skip
+        return Forecast(**out, refused=why)
+    preds, fits, reasons = [], [], []
+    for x in arm.results:
+        j = base.run_for_seed(x.run.seed)
+        if j is None or x.run.status != K.COMPLETED:
+            continue
+        f, why, p = seed_prediction(x.run, base.runs[j], target)
+        if why:
+            reasons.append(f"seed {x.run.seed}: {why}")
+        else:
+            preds.append(p)
+            fits.append(f.name)
+    if reasons or not preds:
+        return Forecast(**out, refused="; ".join(reasons) or "no completed seed paired with a BF16 seed")
+    vals = np.array([p[0] for p in preds])
+    if len(vals) == 1:
+        mean, lo, hi = preds[0]
+    else:
+        iv = S.one_sample(vals)
+        mean, lo, hi = iv.mean, iv.lo, iv.hi
+    family = ", ".join(f"{n} x{fits.count(n)}" for n in dict.fromkeys(fits))
+    return Forecast(**out, mean=mean, lo=lo, hi=hi, family=family, seeds=len(vals))
+
+
+def group_forecasts(group: Group, target: float | None) -> list[Forecast]:
+    """Every low-precision arm's forecast at `target` tokens (default: the validated ratio x budget)."""
+    if not group.key.tokens:
+        return []
+    target = target or VALIDATED_RATIO * group.key.tokens
+    return [arm_forecast(a, group, target) for a in group.arms if a.role != "baseline"]
+
+
+# --- equal quality at a target loss ---------------------------------------------------------------
+
+
+def loss_fit(t: np.ndarray, y: np.ndarray, floor: float | None = None) -> tuple[float, float, float] | None:
+    """BF16 loss L(t) = e + b t^-c (c on a grid, e and b by least squares), with the asymptote e no
+    lower than the data's loss floor when it is known; (e, b, c) or None."""
+    best = None
+    for c in np.linspace(0.05, 1.5, 59):
+        x = np.column_stack([np.ones_like(t), t**-c])
+        beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+        err = float(np.sum((y - x @ beta) ** 2))
+        if floor is not None and beta[0] < floor:
+            continue
+        if beta[1] > 0 and (best is None or err < best[0]):
+            best = (err, float(beta[0]), float(beta[1]), float(c))
+    return None if best is None else best[1:]
+
+
+def tokens_to_loss(target_loss: float, e: float, b: float, c: float) -> float | None:
+    return None if target_loss <= e else float((b / (target_loss - e)) ** (1 / c))
+
+
+def equal_quality(group: Group, target_loss: float) -> list[str]:
+    """Per arm: BF16's and the arm's forecast tokens to `target_loss` and their ratio (token
+    efficiency at equal loss), or why not. The arm's loss is BF16's fit x (1 + its forecast gap at
+    the tokens BF16 needs)."""
+    base = group.baseline
+    if base is None or not group.key.tokens:
+        return ["equal quality: no BF16 baseline"]
+    late = base.late & np.isfinite(base.band["mean"])
+    floors = [r.loss_floor for r in base.runs if r.loss_floor is not None]
+    params = loss_fit(base.grid[late], base.band["mean"][late], min(floors) if floors else None)
+    measured = float(group.key.tokens)
+    if params is None:
+        return ["equal quality: BF16's loss curve does not fit e + b t^-c"]
+    e, b, c = params
+    t_b = tokens_to_loss(target_loss, e, b, c)
+    head = f"BF16 loss fit {e:.3f} + {b:.3g} t^-{c:.2f}"
+    at = f"equal quality at loss {target_loss:g}"
+    if t_b is None:
+        return [f"{at}: refused, below the fitted BF16 asymptote {e:.3f} ({head})"]
+    if t_b > VALIDATED_RATIO * measured:
+        return [f"{at}: refused, BF16 needs about {_tokens(t_b)} tokens, beyond {VALIDATED_RATIO:g}x the "
+                f"measured {_tokens(measured)} ({VALIDATED_TEXT}; {head})"]  # fmt: skip
+    lines = [f"{at}: BF16 reaches it at about {_tokens(t_b)} tokens ({head})"]
+    for f in group_forecasts(group, t_b):
+        if f.refused:
+            lines.append(f"{f.arm}: no equal-quality forecast: {f.refused}")
+            continue
+        ends = []
+        for gap in (f.lo, f.mean, f.hi):
+            t_a = tokens_to_loss(target_loss / (1 + gap), e, b, c)
+            ends.append(None if t_a is None else t_b / t_a)
+        if ends[1] is None or None in ends:
+            lines.append(f"{f.arm}: loss {target_loss:g} is out of reach under its forecast gap")
+            continue
+        lo, hi = sorted((ends[0], ends[2]))
+        lines.append(f"{f.arm}: token efficiency at loss {target_loss:g} (BF16 tokens / arm tokens) "
+                     f"{ends[1]:.3f}x [{lo:.3f}, {hi:.3f}] (from the gap forecast's interval at "
+                     f"{_tokens(f.target)} tokens)")  # fmt: skip
+    return lines
