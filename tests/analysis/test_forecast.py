@@ -47,7 +47,7 @@ def test_report_refuses_beyond_the_validated_ratio(tmp_path, run_writer) -> None
                        log_interval=5)  # fmt: skip
     g = frames.comparison_of(frames.load([str(sweep)])).groups[0]
     budget = g.key.tokens
-    ok = F.group_forecasts(g, 2 * budget)[0]
+    ok = F.group_forecasts(g, F.VALIDATED_RATIO * budget)[0]
     assert ok.refused is None and ok.lo < ok.mean < ok.hi and ok.seeds == 3
     far = F.group_forecasts(g, 1000 * budget)[0]
     assert (
