@@ -40,7 +40,10 @@ def test_report_writes_every_file_and_ends_with_its_path(report_run) -> None:
     for name in ("comparison.csv", "runs.csv", "report.md", "report.html"):
         assert (out / name).stat().st_size > 0, name
     assert stdout.rstrip().splitlines()[-1] == f"report: {(out / 'report.html').resolve()}"
-    assert "gap [95% CI]" in stdout and "n/a (emulated)" in stdout and "verdict" in stdout
+    assert "gap [95% CI]" in stdout and "verdict" in stdout
+    # emulated rows say they give no speed: "n/a (emulated)" beside measured ones, or one line for a
+    # group whose every arm is emulated (its speed columns carry nothing)
+    assert "n/a (emulated)" in stdout or "emulated speed is not the recipe's speed" in stdout
     for name in ("gaps.csv",):
         assert (out / name).stat().st_size > 0, name
 
