@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import math
 import warnings
 
@@ -40,6 +39,7 @@ import torch
 import torch.nn as nn
 
 from harness.numerics import telemetry as T
+from harness.numerics.counterfactual import guarded
 
 _FP8_MAX = {"E4M3": 448.0, "E5M2": 57344.0}
 
@@ -161,20 +161,6 @@ def _module_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return x.detach()
 
 
-def _guarded(fn):
-    """A hook that records its error and lets the training step go on (reported when the block ends)."""
-
-    @functools.wraps(fn)
-    def run(self, *a, **kw):
-        try:
-            return fn(self, *a, **kw)
-        except Exception as e:  # noqa: BLE001 - telemetry must never break the step it observes
-            self.errors.append(f"{type(e).__name__}: {e}")
-            return None
-
-    return run
-
-
 class TETelemetry:
     """Rows of one forward/backward of a TEGPT, one per (quantized linear, role), as the emulated
     backend writes them; `activation` is the model's MLP activation (gelu or swiglu), `recipe_of`
@@ -248,7 +234,7 @@ class TETelemetry:
         """LayerNormLinear (QKV: the input is its norm) or Linear (proj): input, weight, grad rows."""
         return lambda mod, args, kwargs, out: self._linear_rows(mod, name, has_norm, args, kwargs, out)
 
-    @_guarded
+    @guarded
     def _linear_rows(self, mod, name: str, has_norm: bool, args, kwargs, out) -> None:
         from transformer_engine.pytorch.constants import FP8BwdTensorIdx as B
         from transformer_engine.pytorch.constants import FP8FwdTensorIdx as F
@@ -272,7 +258,7 @@ class TETelemetry:
 
         return hook
 
-    @_guarded
+    @guarded
     def _grad_rows(self, name: str, mod: nn.Module, index: int, then, g: torch.Tensor) -> None:
         g2 = g.detach().reshape(-1, g.shape[-1])  # (B*T, N): the GEMM's grad operand
         if self.cf is not None:
@@ -295,7 +281,7 @@ class TETelemetry:
     def _grouped_hook(self, name: str):
         return lambda mod, args, kwargs, out: self._grouped_rows(mod, name, args, kwargs, out)
 
-    @_guarded
+    @guarded
     def _grouped_rows(self, mod, name: str, args, kwargs, out) -> None:
         """TEGroupedExperts: expert e's rows of the (padded) input and of the output gradient, and
         its weight, through the GroupedLinear's quantizers of GEMM e (TE's offsets: 3 forward
@@ -316,7 +302,7 @@ class TETelemetry:
 
             y.register_hook(hook)
 
-    @_guarded
+    @guarded
     def _grouped_grads(self, gemm, name: str, m_splits: list[int], g: torch.Tensor) -> None:
         for e, ge in enumerate(g.detach().split(m_splits)):
             if ge.shape[0]:
@@ -327,7 +313,7 @@ class TETelemetry:
         grad is the module's output grad, the fc1 grad is recomputed from it."""
         return lambda mod, args, kwargs, out: self._mlp_rows(mod, prefix, args, kwargs, out)
 
-    @_guarded
+    @guarded
     def _mlp_rows(self, mod, prefix: str, args, kwargs, out) -> None:
         from transformer_engine.pytorch.constants import FP8BwdTensorIdx as B
         from transformer_engine.pytorch.constants import FP8FwdTensorIdx as F

@@ -112,9 +112,9 @@ class CounterfactualWarning(UserWarning):
     """A GEMM gave no counterfactual rows (the training step itself ran unchanged)."""
 
 
-def _guarded(fn):
-    """Counterfactual rows never break the step they observe: an error is kept and reported once
-    when the telemetry block ends."""
+def guarded(fn):
+    """A telemetry hook (here and in harness.backends.te_telemetry) never breaks the step it observes:
+    its error is kept in `self.errors` and reported once when the telemetry block ends."""
 
     @functools.wraps(fn)
     def run(self, *a, **kw):
@@ -180,7 +180,7 @@ class Counterfactual:
     def _gemm_row(self, layer: str, gemm: str, c: Candidate, y: torch.Tensor, ref: torch.Tensor) -> None:
         self.rows.append({T.LAYER: layer, T.TENSOR: gemm, CANDIDATE: c.label, REL_ERR: rel_err(y, ref)})
 
-    @_guarded
+    @guarded
     @torch.no_grad()
     def forward(self, layer: str, x: torch.Tensor, weight: torch.Tensor) -> None:
         """x (M, K) the GEMM's high-precision input, weight (N, K): input and weight rows, fprop."""
@@ -197,7 +197,7 @@ class Counterfactual:
             self._gemm_row(layer, "fprop", c, xq @ wq.t(), ref)
         self._saved.setdefault(layer, []).append((x, w))
 
-    @_guarded
+    @guarded
     @torch.no_grad()
     def backward(self, layer: str, dy: torch.Tensor) -> None:
         """dy (M, N) the output gradient of the last `forward` of `layer`: grad rows, dgrad, wgrad."""
