@@ -181,6 +181,37 @@ def test_bad_candidates_are_refused_in_one_line(entry, says):
     assert "telemetry.candidates[1]" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("candidates", "says"),
+    [
+        ("[mxfp8],[delayed]", "telemetry.candidates[0]=delayed: its scale needs the amax history"),
+        ("[mxfp8],[{name:nvfp4,bogus:1}]", "telemetry.candidates[0]: unknown recipe field(s) ['bogus']"),
+        ("[mxfp8],[mxfp8,mxfp8]", "telemetry.candidates: ['mxfp8', 'mxfp8'] names a candidate twice"),
+    ],
+)
+def test_bad_candidates_are_refused_before_any_job_runs(candidates, says, tmp_path, capsys):
+    """Validation parses telemetry.candidates: a multirun whose second job lists a bad one exits 2
+    with one line before its first job starts (no sweep directory), as `lowp-train` does for any rule."""
+    from harness.train import main
+    from tests.helpers import run_main
+
+    args = ["-m", "model=gpt_tiny", "steps=1", "logger=none", "backend=emulated", "hardware=cpu",
+            "telemetry_interval=1", f"telemetry.candidates=choice({candidates})",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}"]  # fmt: skip
+    code, err = run_main(capsys, main, "harness.train", *args)
+    (line,) = err.strip().splitlines()
+    assert code == 2 and line.startswith("error: job 1 (") and says in line, err
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_candidates_without_telemetry_steps_warn():
+    from harness.config.errors import ConfigWarning
+    from harness.validation import load
+
+    with pytest.warns(ConfigWarning, match="telemetry.candidates is set but telemetry_interval=0"):
+        load([*TINY, "backend=emulated", "hardware=cpu", "telemetry.candidates=[mxfp8]"])
+
+
 def test_a_failing_candidate_gemm_warns_and_never_breaks_the_step():
     (cand,) = C.parse(["mxfp8"])
     cf = C.Counterfactual([cand])
