@@ -90,8 +90,14 @@ def test_the_plan_loads_as_stability_plan(outlier_run, tmp_path):
     import analysis
     from analysis.precision_ranking import report_section
 
-    section = report_section(analysis.load([str(d), str(outlier_run)]))
+    both = analysis.load([str(d), str(outlier_run)])
+    section = report_section(both)
     assert f"| {OUTLIER_LAYER} | bf16 |" in section and "### nvfp4" in section  # plan table, ranking
+    from analysis.precision_report import html_section
+
+    html = html_section(both)  # report.html's copy of the same tables
+    plan_row = f'<td>{OUTLIER_LAYER}</td>\n<td style="font-weight:600">bf16</td>'
+    assert plan_row in html and "<h3>nvfp4</h3>" in html and "stability=plan" in html
 
 
 def test_plan_file_is_read_only_under_the_plan_preset(tmp_path):
@@ -284,3 +290,14 @@ def test_megatron_loader_matches_expert_groups(tmp_path, megatron_loader):
     for group in EXPERT_GROUPS:
         got = megatron_loader.get_quant_config_or_none("module." + megatron_path(group), recipe)
         assert got is not None and got.config_key == plan["modules"][group], group
+
+
+def test_the_html_report_shows_the_ranking(tmp_path, capsys):
+    """lowp-report puts the ranking of stored counterfactual rows in report.html, beside report.md."""
+    from analysis.report import main as report
+
+    assert report([str(MOE_STORED), "--out", str(tmp_path), "--no-plots"]) == 0
+    html, md = (tmp_path / "report.html").read_text(), (tmp_path / "report.md").read_text()
+    assert "### nvfp4" in md and "<h3>nvfp4</h3>" in html and "<h3>mxfp8</h3>" in html
+    ranking = html[html.index("<h2 id=ranking>") : html.index("<h2>How every number was obtained</h2>")]
+    assert all(f"<td>{g}</td>" in ranking for g in EXPERT_GROUPS)  # expert groups ranked as modules
