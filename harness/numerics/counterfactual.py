@@ -17,9 +17,10 @@ quantized on their own, with their own scale (as GroupedLinear quantizes each GE
 the group gets one row per role and GEMM under the group's name, over all its experts' elements: the
 group is one module to a plan (a stability override takes a whole group, and Megatron's per-module
 file matches `...mlp.experts.linear_fc1`, never one expert). An expert without rows casts no input
-and no gradient (TE's loop quantizes its weight only). Where the run's recipe pads no expert rows (a
-BF16 run), a block candidate sees unpadded rows; the zero rows its own run would pad with change no
-block amax, so the codes of the real rows are the same.
+and no gradient (TE's loop quantizes its weight only). The rows are those the group's GEMMs see: under
+an FP8/FP4 run the zero rows each expert is padded with count in saturation's denominator (as in the
+run's own expert rows) and nowhere else; under a BF16 run nothing is padded, and the zero rows a
+candidate's own run would add change no block amax, so the real rows' codes are the same.
 
 Nothing here writes to the training step: the operands are read under no_grad, the candidates'
 stochastic rounding draws from a generator of their own, and no quantizer state is shared with the
