@@ -166,43 +166,64 @@ def plan_modules(runs) -> pd.DataFrame:
     return pd.DataFrame(cols).rename_axis("module").reset_index() if cols else pd.DataFrame()
 
 
+RANKING_COLUMNS = [K.TELEMETRY_LAYER, SCORE, GEMM_SQNR, OPERAND_SQNR, FLUSH, "worst_gemm", "worst_operand",
+                   "underflow"]  # fmt: skip
+"""The ranking table's columns in the report (all of them are in precision_ranking.csv)."""
+RANKING_ROWS = 20
+"""Modules shown per candidate in the report, worst first."""
+RANKING_NOTE = (
+    "score_db: the worst of the GEMM outputs' SQNR, the operands' SQNR and -10 log10(flushed fraction), "
+    "dB, mean over telemetry steps and runs (analysis/precision_ranking.py); lowest first."
+)
+SECTION_TITLES = {
+    "verdicts": "Precision plan against the uniform recipe (plan_check)",
+    "plans": "The precision plans' modules (stability=plan)",
+    "ranking": "Which modules each candidate format hurts (counterfactual telemetry)",
+}
+"""The report's headings of the three parts (report.md and report.html alike)."""
+
+
+def report_parts(runs) -> tuple[list[str], pd.DataFrame, list[tuple[str, pd.DataFrame]]]:
+    """What the report shows of precision plans, for report.md and report.html alike: plan_check's
+    verdicts, the plans' module table (plan_modules), and per candidate its worst RANKING_ROWS modules
+    (RANKING_COLUMNS, cells formatted); each empty where the runs have none."""
+    from analysis.frames import compare
+
+    scores = module_scores(counterfactual_frame(runs))
+    ranking = [
+        (str(cand), g.head(RANKING_ROWS)[RANKING_COLUMNS].apply(lambda col: col.map(_cell)))
+        for cand, g in scores.groupby(K.TELEMETRY_CANDIDATE, sort=False)
+    ]
+    return plan_verdicts(compare(runs)), plan_modules(runs), ranking
+
+
 def report_section(runs) -> str:
     """Markdown: plan_check's verdicts, the plans' module tables, and the module ranking of the runs'
     counterfactual rows (worst 20 per candidate); empty where there is none of them."""
-    scores = module_scores(counterfactual_frame(runs))
-    from analysis.frames import compare
-
-    verdicts = plan_verdicts(compare(runs))
-    lines = ["", "## Precision plan against the uniform recipe (plan_check)", ""] if verdicts else []
+    verdicts, plans, ranking = report_parts(runs)
+    lines = ["", f"## {SECTION_TITLES['verdicts']}", ""] if verdicts else []
     lines += [f"- {v}" for v in verdicts]
-    plans = plan_modules(runs)
     if len(plans):
-        lines += ["", "## The precision plans' modules (stability=plan)", "",
-                  "| " + " | ".join(plans.columns) + " |", "|" + "---|" * len(plans.columns)]  # fmt: skip
-        lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in plans.itertuples(index=False)]
-    if not len(scores):
+        lines += [
+            "",
+            f"## {SECTION_TITLES['plans']}",
+            "",
+            _md_row(plans.columns),
+            "|" + "---|" * len(plans.columns),
+        ]
+        lines += [_md_row(row) for row in plans.itertuples(index=False)]
+    if not ranking:
         return "\n".join(lines)
-    cols = [
-        K.TELEMETRY_LAYER,
-        SCORE,
-        GEMM_SQNR,
-        OPERAND_SQNR,
-        FLUSH,
-        "worst_gemm",
-        "worst_operand",
-        "underflow",
-    ]
-    lines += ["", "## Which modules each candidate format hurts (counterfactual telemetry)", "",
-             "score_db: the worst of the GEMM outputs' SQNR, the operands' SQNR and -10 log10(flushed "
-             "fraction), dB, mean over telemetry steps and runs (analysis/precision_ranking.py); "
-             "lowest first.", ""]  # fmt: skip
-    for cand, g in scores.groupby(K.TELEMETRY_CANDIDATE, sort=False):
-        lines += [f"### {cand}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        for r in g.head(20).itertuples(index=False):
-            d = r._asdict()
-            lines.append("| " + " | ".join(_cell(d[c]) for c in cols) + " |")
+    lines += ["", f"## {SECTION_TITLES['ranking']}", "", RANKING_NOTE, ""]
+    for cand, table in ranking:
+        lines += [f"### {cand}", "", _md_row(table.columns), "|" + "---|" * len(table.columns)]
+        lines += [_md_row(row) for row in table.itertuples(index=False)]
         lines.append("")
     return "\n".join(lines)
+
+
+def _md_row(cells) -> str:
+    return "| " + " | ".join(str(v) for v in cells) + " |"
 
 
 def _cell(v) -> str:

@@ -317,7 +317,7 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
                  figures: bool = True, target_tokens: float | None = None,
                  target_loss: float | None = None) -> Path:  # fmt: skip
     """Write comparison.csv, gaps.csv, runs.csv, report.md, plots/ and report.html; returns the html."""
-    from analysis import plots, precision_ranking
+    from analysis import plots, precision_ranking, precision_report
     from analysis.moe import frame as moe_frame
     from analysis.moe import moe_section
     from analysis.telemetry import group_cells, outliers
@@ -367,7 +367,8 @@ def write_report(runs: Runs, comparison: Comparison, out: str | Path, inputs: li
     (out / "report.md").write_text(MARKDOWN.render(**ctx), encoding="utf-8")
     precision_ranking.append_to_report(runs, out)  # counterfactual telemetry's module ranking, if any
     html_path = out / "report.html"
-    html_path.write_text(HTML.render(**ctx), encoding="utf-8")
+    html = precision_report.into_html(HTML.render(**ctx), runs)  # the plans and the ranking, if any
+    html_path.write_text(html, encoding="utf-8")
     return html_path
 
 

@@ -1,5 +1,6 @@
 """Counterfactual telemetry (telemetry.candidates): rows per layer, role and candidate on the
-emulated backend, training unchanged to the bit, candidates refused with one line."""
+emulated backend (a routed expert group's rows per group, each expert quantized on its own), training
+unchanged to the bit (a dense and an MoE preset), candidates refused with one line."""
 
 from __future__ import annotations
 
@@ -36,16 +37,84 @@ def nvfp4_pair(tmp_path_factory):
     return out
 
 
-def test_candidates_leave_training_unchanged_to_the_bit(nvfp4_pair):
+MOE_CANDIDATES = "telemetry.candidates=[mxfp8,tensorwise,int4_qat]"
+GROUPS = [f"blocks.{i}.mlp.experts.fc{k}" for i in range(2) for k in (1, 2)]
+
+
+@pytest.fixture(scope="module")
+def moe_pair(tmp_path_factory):
+    """qwen3_moe_tiny under NVFP4 (experts padded to 128 rows, stochastic rounding), 2 steps with
+    and without candidates: the routed expert groups' operands go to the candidates too."""
+    out = {}
+    for tag, extra in (("plain", []), ("cf", [MOE_CANDIDATES])):
+        d = tmp_path_factory.mktemp(f"moe_{tag}")
+        cfg = compose_cfg(*RUN, "steps=2", "model=qwen3_moe_tiny", "recipe=nvfp4", *extra)
+        assert run(cfg, d).status == "completed"
+        out[tag] = d
+    return out
+
+
+@pytest.mark.parametrize(("pair", "steps"), [("nvfp4_pair", 3), ("moe_pair", 2)])
+def test_candidates_leave_training_unchanged_to_the_bit(pair, steps, request):
+    dirs = request.getfixturevalue(pair)
     curves = {
         tag: [(r["step"], r[A.LOSS_TRAIN], r.get(A.GRAD_NORM)) for r in _jsonl(d / A.METRICS_JSONL)
               if A.LOSS_TRAIN in r]
-        for tag, d in nvfp4_pair.items()
+        for tag, d in dirs.items()
     }  # fmt: skip
-    assert len(curves["plain"]) == 3
+    assert len(curves["plain"]) == steps
     assert curves["plain"] == curves["cf"]
-    own = [r for r in _jsonl(nvfp4_pair["cf"] / A.NUMERICS_JSONL) if A.TELEMETRY_CANDIDATE not in r]
-    assert own == _jsonl(nvfp4_pair["plain"] / A.NUMERICS_JSONL)  # the run's own rows, as they were
+    own = [r for r in _jsonl(dirs["cf"] / A.NUMERICS_JSONL) if A.TELEMETRY_CANDIDATE not in r]
+    assert own == _jsonl(dirs["plain"] / A.NUMERICS_JSONL)  # the run's own rows, as they were
+
+
+def test_expert_groups_get_rows_per_group(moe_pair):
+    """One row per (expert group, role or GEMM, candidate), named as a stability override names the
+    group; never one per expert. Tensorwise scales each expert on its own: the group's spread > 0."""
+    rows = [r for r in _jsonl(moe_pair["cf"] / A.NUMERICS_JSONL) if A.TELEMETRY_CANDIDATE in r]
+    got = {(r[A.TELEMETRY_LAYER], r[A.TELEMETRY_TENSOR], r[A.TELEMETRY_CANDIDATE]) for r in rows}
+    for group in GROUPS:
+        for c in ("mxfp8", "tensorwise"):
+            assert {(group, t, c) for t in (*A.TELEMETRY_TENSORS, *A.TELEMETRY_GEMMS)} <= got
+        assert (group, "weight", "int4_qat") in got and (group, "input", "int4_qat") not in got
+    assert not [r for r in rows if T.EXPERT.match(r[A.TELEMETRY_LAYER])]  # no per-expert candidate row
+    by = {(r[A.TELEMETRY_LAYER], r[A.TELEMETRY_TENSOR], r[A.TELEMETRY_CANDIDATE]): r for r in rows}
+    assert by[("blocks.0.mlp.experts.fc1", "weight", "tensorwise")][A.TELEMETRY_SCALE_SPREAD] > 0
+    assert all(0 <= r[A.TELEMETRY_REL_ERR] < 0.5 for r in rows if A.TELEMETRY_REL_ERR in r)
+
+
+def test_expert_rows_quantize_each_expert_on_its_own():
+    """forward_experts/backward_experts: each expert's rows and weight quantized with their own scale
+    (as TE's GroupedLinear), the group's row over all experts' elements; an expert without rows casts
+    no input and no gradient."""
+    g = torch.Generator().manual_seed(1)
+    sizes = ((24, 1.0), (0, 1.0), (8, 1e4))  # (rows, magnitude) per expert
+    xs = [torch.randn(m, 64, generator=g).mul(s).to(torch.bfloat16) for m, s in sizes]
+    ws = [torch.randn(16, 64, generator=g).mul(0.02).to(torch.bfloat16) for _ in xs]
+    dys = [torch.randn(x.shape[0], 16, generator=g).to(torch.bfloat16) for x in xs]
+    (cand,) = C.parse(["tensorwise"])
+    cf = C.Counterfactual([cand])
+    with cf.collect([]) as rows:
+        cf.forward_experts("blocks.0.mlp.experts.fc1", xs, ws)
+        cf.backward_experts("blocks.0.mlp.experts.fc1", dys)
+    by = {r[T.TENSOR]: r for r in rows}
+    assert {r[T.LAYER] for r in rows} == {"blocks.0.mlp.experts.fc1"} and len(rows) == 6
+    quant = lambda role, t: make_quantizer(cand.recipe, role).quantize(t)  # noqa: E731 - one scale each
+    qx = [quant("input", x) for x in xs if x.numel()]
+    deq = torch.cat([q.dequantize().reshape(-1) for q in qx])
+    src = torch.cat([x.float().reshape(-1) for x in xs])
+    assert by["input"][T.SQNR_DB] == T.sqnr_db(src, deq)
+    assert by["input"][T.SCALE] == float(qx[1].telemetry_scale())  # the expert holding the amax
+    assert by["input"][T.SCALE_SPREAD] == pytest.approx(math.log2(float(qx[1].scale_inv / qx[0].scale_inv)))
+    qw = [quant("weight", w).dequantize() for w in ws]
+    live = zip((q.dequantize() for q in qx), (qw[0], qw[2]))  # the experts with rows
+    ys = torch.cat([(x.float() @ w.t()).reshape(-1) for x, w in live])
+    ref = torch.cat([(x.float() @ w.float().t()).reshape(-1) for x, w in zip(xs, ws)])
+    assert by["fprop"][T.REL_ERR] == C.rel_err(ys, ref)
+    one = C.Counterfactual([cand])  # a whole tensor per-tensor scaled would flush the small expert
+    with one.collect([]) as whole:
+        one.forward("blocks.0.mlp.fc1", torch.cat(xs), ws[0])
+    assert whole[0][T.UNDERFLOW] > by["input"][T.UNDERFLOW] == 0.0
 
 
 def test_rows_per_layer_role_and_candidate(nvfp4_pair):
@@ -110,6 +179,36 @@ def test_bad_candidates_are_refused_in_one_line(entry, says):
     with pytest.raises(ValueError, match=says) as e:
         C.parse(["mxfp8", entry])
     assert "telemetry.candidates[1]" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("candidates", "says"),
+    [
+        ("[mxfp8],[delayed]", "telemetry.candidates[0]=delayed: its scale needs the amax history"),
+        ("[mxfp8],[mxfp8,mxfp8]", "telemetry.candidates: ['mxfp8', 'mxfp8'] names a candidate twice"),
+    ],
+)
+def test_bad_candidates_are_refused_before_any_job_runs(candidates, says, tmp_path, capsys):
+    """Validation parses telemetry.candidates: a multirun whose second job lists a bad one exits 2
+    with one line before its first job starts (no sweep directory), as `lowp-train` does for any rule."""
+    from harness.train import main
+    from tests.helpers import run_main
+
+    args = ["-m", "model=gpt_tiny", "steps=1", "logger=none", "backend=emulated", "hardware=cpu",
+            "telemetry_interval=1", f"telemetry.candidates=choice({candidates})",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}"]  # fmt: skip
+    code, err = run_main(capsys, main, "harness.train", *args)
+    (line,) = err.strip().splitlines()
+    assert code == 2 and line.startswith("error: job 1 (") and says in line, err
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_candidates_without_telemetry_steps_warn():
+    from harness.config.errors import ConfigWarning
+    from harness.validation import load
+
+    with pytest.warns(ConfigWarning, match="telemetry.candidates is set but telemetry_interval=0"):
+        load([*TINY, "backend=emulated", "hardware=cpu", "telemetry.candidates=[mxfp8]"])
 
 
 def test_a_failing_candidate_gemm_warns_and_never_breaks_the_step():

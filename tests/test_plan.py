@@ -90,8 +90,14 @@ def test_the_plan_loads_as_stability_plan(outlier_run, tmp_path):
     import analysis
     from analysis.precision_ranking import report_section
 
-    section = report_section(analysis.load([str(d), str(outlier_run)]))
+    both = analysis.load([str(d), str(outlier_run)])
+    section = report_section(both)
     assert f"| {OUTLIER_LAYER} | bf16 |" in section and "### nvfp4" in section  # plan table, ranking
+    from analysis.precision_report import html_section
+
+    html = html_section(both)  # report.html's copy of the same tables
+    plan_row = f'<td>{OUTLIER_LAYER}</td>\n<td style="font-weight:600">bf16</td>'
+    assert plan_row in html and "<h3>nvfp4</h3>" in html and "stability=plan" in html
 
 
 def test_plan_file_is_read_only_under_the_plan_preset(tmp_path):
@@ -233,3 +239,65 @@ def test_ablation_gains_put_the_group_that_saved_most_loss_first():
     args = types.SimpleNamespace(candidate="nvfp4", k=2, sqnr_floor_db=None)
     chosen = assign("max-bf16-modules", scores, {"nvfp4": None}, args, gains)
     assert chosen == {"blocks.0.mlp.fc1": "nvfp4", "blocks.0.mlp.fc2": None, "blocks.1.mlp.fc2": None}
+
+
+MOE_STORED = Path(__file__).parent / "assets" / "plan" / "moe_tiny"
+"""A BF16 qwen3_moe_tiny run with candidates, as stored (tests/assets/plan/README.md)."""
+EXPERT_GROUPS = [f"blocks.{i}.mlp.experts.fc{k}" for i in range(2) for k in (1, 2)]
+
+
+def test_a_plan_moves_whole_expert_groups(tmp_path):
+    """Routed experts are ranked, planned, loaded and exported as groups: the plan names each group
+    once, `stability=plan` runs the whole group in the plan's recipe, Megatron's file matches the
+    group's TEGroupedLinear path, TE's factory gives the group's name its recipe; one expert is refused."""
+    from harness.config.errors import ConfigError
+    from harness.interop.te_plan import HIGH_PRECISION, factory_for, module_factories
+    from harness.validation import load
+
+    path = tmp_path / "plan.yaml"
+    plan = _plan(MOE_STORED, path, "--goal", "max-bf16-modules", "--k", "1", "--candidate", "nvfp4")
+    assert [m for m in plan["modules"] if ".experts." in m] == EXPERT_GROUPS
+    (kept,) = [m for m, r in plan["modules"].items() if r == "bf16"]
+    assert kept in EXPERT_GROUPS and plan["ranking"][0]["layer"] == kept  # NVFP4 hurts a group most
+    matchers = yaml.safe_load((tmp_path / "plan.megatron.yaml").read_text())["matchers"].values()
+    by_pattern = {m["pattern"]: m["config"] for m in matchers}
+    assert by_pattern[f"*{megatron_path(kept)}"] == "bf16"
+    assert megatron_path(kept) == kept.replace("blocks.", "decoder.layers.").replace(".fc", ".linear_fc")
+    base = [*CPU, "model=qwen3_moe_tiny", "recipe=nvfp4"]
+    cfg = load([*base, "stability=plan", f"stability.plan_file={path}"])
+    from harness.model.plan import PrecisionPlan
+
+    plan_of = PrecisionPlan(cfg.recipe, cfg.stability, cfg.model)
+    ran = {g: (r.name if (r := plan_of.recipe_for(g)) else "bf16") for g in EXPERT_GROUPS}
+    assert ran == {g: plan["modules"][g] for g in EXPERT_GROUPS}
+    factories = module_factories(str(path))
+    assert factory_for(factories, kept) == factory_for(factories, megatron_path(kept)) == HIGH_PRECISION
+    one = yaml.safe_load(path.read_text())
+    one["overrides"].append({"pattern": f"{kept}.3", "recipe": "nvfp4"})
+    path.write_text(yaml.safe_dump(one))
+    with pytest.raises(ConfigError, match="an expert group runs under one recipe"):
+        load([*base, "stability=plan", f"stability.plan_file={path}"])
+    with pytest.raises(NotExpressible, match=f"one expert of a group.*plan the whole group {kept}$"):
+        megatron_path(f"{kept}.3")
+
+
+def test_megatron_loader_matches_expert_groups(tmp_path, megatron_loader):
+    """Megatron's loader gives each TEGroupedLinear (decoder.layers.N.mlp.experts.linear_fcK, the
+    name TEGroupedMLP hands it) the plan's recipe of its group."""
+    plan = _plan(MOE_STORED, tmp_path / "plan.yaml", "--goal", "max-bf16-modules", "--k", "1",
+                 "--candidate", "nvfp4")  # fmt: skip
+    recipe = megatron_loader.load_quantization_recipe(str(tmp_path / "plan.megatron.yaml"))
+    for group in EXPERT_GROUPS:
+        got = megatron_loader.get_quant_config_or_none("module." + megatron_path(group), recipe)
+        assert got is not None and got.config_key == plan["modules"][group], group
+
+
+def test_the_html_report_shows_the_ranking(tmp_path, capsys):
+    """lowp-report puts the ranking of stored counterfactual rows in report.html, beside report.md."""
+    from analysis.report import main as report
+
+    assert report([str(MOE_STORED), "--out", str(tmp_path), "--no-plots"]) == 0
+    html, md = (tmp_path / "report.html").read_text(), (tmp_path / "report.md").read_text()
+    assert "### nvfp4" in md and "<h3>nvfp4</h3>" in html and "<h3>mxfp8</h3>" in html
+    ranking = html[html.index("<h2 id=ranking>") : html.index("<h2>How every number was obtained</h2>")]
+    assert all(f"<td>{g}</td>" in ranking for g in EXPERT_GROUPS)  # expert groups ranked as modules

@@ -1,7 +1,8 @@
 """Counterfactual telemetry and the precision plan on the TE backend (CUDA and TE; skipped elsewhere):
-TE's operands quantized by lowp's emulator under each candidate, in quantized and BF16 blocks, with
-training unchanged; the plan's Megatron file through Megatron's TE-side payload parser (a Megatron-LM
-tree named by LOWP_MEGATRON); the TE CustomRecipe factory in a TE autocast.
+TE's operands quantized by lowp's emulator under each candidate, in quantized and BF16 blocks and in
+MoE expert groups, with training unchanged; the plan's Megatron file through Megatron's TE-side
+payload parser (a Megatron-LM tree named by LOWP_MEGATRON); the TE CustomRecipe factory in a TE
+autocast.
 
     LOWP_MEGATRON=/path/to/Megatron-LM python -m pytest -q -m gpu tests/test_plan_gpu.py
 """
@@ -45,6 +46,27 @@ def test_te_counterfactual_rows_leave_training_unchanged(recipe, tmp_path):
         for c in ("blockwise", "mxfp8", "nvfp4"):
             for t in ("input", "weight", "grad", "fprop", "dgrad", "wgrad"):
                 assert (layer, t, c) in got, (layer, t, c)
+    assert all(0 <= r["rel_err"] < 0.5 for r in rows if "rel_err" in r)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "bf16"])
+def test_te_expert_groups_feed_the_candidates(recipe, tmp_path):
+    """lowp's TE MoE blocks (te.GroupedLinear experts) hand each expert's operands to the candidates:
+    one row per group, role and candidate; training unchanged."""
+    base = ["model=mixtral_tiny", "hardware=auto", "logger=none", "data=markov", "micro_batch_size=8",
+            "global_batch_size=8", "eval_interval=0", "checkpoint_interval=-1", "backend=te",
+            f"recipe={recipe}", "steps=2", "log_interval=1", "telemetry_interval=1"]  # fmt: skip
+    curves = {}
+    for tag, extra in (("plain", []), ("cf", [CANDIDATES])):
+        assert run(compose_cfg(*base, *extra), tmp_path / tag).status == "completed"
+        curves[tag] = [r["loss/train"] for r in _jsonl(tmp_path / tag / "metrics.jsonl") if "loss/train" in r]
+    assert curves["plain"] == curves["cf"]
+    rows = [r for r in _jsonl(tmp_path / "cf" / "numerics.jsonl") if "candidate" in r]
+    got = {(r["layer"], r["tensor"], r["candidate"]) for r in rows}
+    for group in (f"blocks.{i}.mlp.experts.fc{k}" for i in range(2) for k in (1, 2)):
+        for c in ("blockwise", "mxfp8", "nvfp4"):
+            for t in ("input", "weight", "grad", "fprop", "dgrad", "wgrad"):
+                assert (group, t, c) in got, (group, t, c)
     assert all(0 <= r["rel_err"] < 0.5 for r in rows if "rel_err" in r)
 
 

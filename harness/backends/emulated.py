@@ -375,7 +375,7 @@ class EmulatedBackend(Backend):
         self.numerics = NumericsContext(device, seed=spec.seed)
         self.linear_names: list[str] = []
         self.modules: dict[str, QuantizedLinear | FakeQuantLinear] = {}
-        self._linears: list[EmulatedLinear] = []  # the dense block linears counterfactual rows come from
+        self._linears: list[nn.Module] = []  # block linears and expert groups: counterfactual rows
 
     def set_amax_reduction(self, group, reducer) -> None:
         super().set_amax_reduction(group, reducer)
@@ -417,7 +417,9 @@ class EmulatedBackend(Backend):
         self.linear_names, self.modules = [], {}  # describe() and verify_active() see this model
         model = GPT(self.spec.model, EmulatedOps(self)).to(self.device)
         self._linears = [
-            m for m in model.modules() if isinstance(m, EmulatedLinear) and m.name.startswith("blocks.")
+            m
+            for m in model.modules()
+            if isinstance(m, (EmulatedLinear, EmulatedGroupedLinear)) and m.name.startswith("blocks.")
         ]
         if self.fast_paths is False:  # the reference path: every norm hands over fp32
             return model
@@ -492,9 +494,10 @@ class EmulatedBackend(Backend):
 
 
 @contextlib.contextmanager
-def _operand_hooks(linears: list[EmulatedLinear], cf):
-    """Hand each dense block linear's high-precision operands to `cf` (harness.numerics.counterfactual):
-    bf16(x) and W in forward, bf16(dy) in backward; read only, so the step computes what it would."""
+def _operand_hooks(linears: list[nn.Module], cf):
+    """Hand each block linear's high-precision operands to `cf` (harness.numerics.counterfactual):
+    bf16(x) and W in forward, bf16(dy) in backward; an expert group's split per expert (its m_splits,
+    padding rows included, as its GEMMs see them). Read only, so the step computes what it would."""
 
     def forward(mod, args, out):
         x = args[0].detach()
@@ -502,7 +505,17 @@ def _operand_hooks(linears: list[EmulatedLinear], cf):
         if out.requires_grad:
             out.register_hook(lambda g, name=mod.name: cf.backward(name, g.reshape(-1, g.shape[-1]).to(BF16)))
 
-    handles = [m.register_forward_hook(forward) for m in linears]
+    def grouped(mod, args, out):
+        x, m_splits = args[0].detach(), list(args[1])
+        cf.forward_experts(mod.name, list(x.to(BF16).split(m_splits)), list(mod.weight.unbind(0)))
+        if out.requires_grad:
+            out.register_hook(
+                lambda g, name=mod.name: cf.backward_experts(name, list(g.to(BF16).split(m_splits)))
+            )
+
+    handles = [
+        m.register_forward_hook(grouped if isinstance(m, EmulatedGroupedLinear) else forward) for m in linears
+    ]
     try:
         yield
     finally:

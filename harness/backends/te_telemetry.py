@@ -23,7 +23,9 @@ two fp32 GEMMs per block, and fc1's output (bf16) kept per block until its backw
 
 Counterfactual candidates (`telemetry.candidates`, harness.numerics.counterfactual) get the same
 high-precision operands, in BF16 blocks too: the input (the norm recomputed as above), bf16(W) (an
-FP8 param dequantized) and the output gradient; where TE fuses fc2's input and fc1's gradient away
+FP8 param dequantized) and the output gradient, and an expert group's per expert (its (padded) rows
+as TEGroupedExperts hands them to TE's GroupedLinear, its weight views, the output gradient split
+alike; the group's rows under the group's name); where TE fuses fc2's input and fc1's gradient away
 in a BF16 block they are recomputed from the high-precision fc1 GEMM and fc2 dgrad GEMM. lowp's
 emulator quantizes them: TE's own quantizers never see a candidate.
 """
@@ -293,6 +295,9 @@ class TETelemetry:
             if xe.shape[0]:
                 self._add(f"{name}.{e}", "input", xe.to(torch.bfloat16), _own_quantizer(gemm, True, 3 * e))
             self._weight(f"{name}.{e}", mod.weight[e], _own_quantizer(gemm, True, 3 * e + 1))
+        if self.cf is not None:  # the group's candidate rows, each expert quantized on its own
+            xs = list(x.to(torch.bfloat16).split(list(m_splits)))
+            self.cf.forward_experts(name, xs, [_hp(w) for w in mod.weight.unbind(0)])
         y = _first_tensor(out)
         if isinstance(y, torch.Tensor) and y.requires_grad:
 
@@ -304,6 +309,8 @@ class TETelemetry:
 
     @guarded
     def _grouped_grads(self, gemm, name: str, m_splits: list[int], g: torch.Tensor) -> None:
+        if self.cf is not None:
+            self.cf.backward_experts(name, list(g.detach().to(torch.bfloat16).split(m_splits)))
         for e, ge in enumerate(g.detach().split(m_splits)):
             if ge.shape[0]:
                 self._add(f"{name}.{e}", "grad", ge, _own_quantizer(gemm, False, 2 * e))

@@ -42,11 +42,23 @@ class NotExpressible(ValueError):
     """The plan names a module recipe that Megatron's per-module file cannot carry."""
 
 
+_ONE_EXPERT = re.compile(r"^(blocks\.\d+\.mlp\.experts\.fc[12])\.\d+$")
+
+
 def megatron_path(name: str) -> str:
-    """blocks.3.mlp.fc1 -> decoder.layers.3.mlp.linear_fc1; ValueError for a module Megatron lacks."""
+    """blocks.3.mlp.fc1 -> decoder.layers.3.mlp.linear_fc1; ValueError for a module Megatron lacks.
+    An expert group (blocks.3.mlp.experts.fc1) is one TEGroupedLinear in Megatron, matched by its
+    path decoder.layers.3.mlp.experts.linear_fc1 (TEGroupedMLP names it so, experts.py:217-251, and
+    TEGroupedLinear.__init__ asks get_quant_config_or_none for it, transformer_engine.py:2505): a
+    plan moves a whole group, so one expert of it has no path."""
     for pattern, repl in _NAMES:
         if pattern.match(name):
             return pattern.sub(repl, name)
+    if m := _ONE_EXPERT.match(name):
+        raise NotExpressible(
+            f"module {name}: one expert of a group; Megatron's per-module file matches the group's "
+            f"TEGroupedLinear only: plan the whole group {m.group(1)}"
+        )
     raise NotExpressible(f"module {name}: no Megatron GPTModel path for it")
 
 

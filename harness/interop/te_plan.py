@@ -8,7 +8,9 @@
 TE asks the factory for each quantizer slot with a `QuantizerRole` (TE 2.20.2
 pytorch/quantization.py:57-96) whose `name` is the module's `name=` argument (Linear's
 `get_quantizer_roles`, module/linear.py:2255-2281). The factory finds that module in the plan (its
-lowp name, or its Megatron path `decoder.layers.3.mlp.linear_fc1`, with any prefix) and returns the
+lowp name, or its Megatron path `decoder.layers.3.mlp.linear_fc1`, with any prefix; a GroupedLinear's
+roles carry the group's name for every expert, grouped_linear.py:1848-1873, so an expert group
+`blocks.3.mlp.experts.fc1` takes its plan recipe whole) and returns the
 quantizer of TE's own factory for the module's recipe at TE's defaults
 (custom_recipes/quantizer_factories.py: current_scaling_factory, float8_block_scaling_factory,
 mxfp8_factory, nvfp4_factory); BF16 modules, unnamed slots and modules the plan does not name get

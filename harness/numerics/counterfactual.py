@@ -11,6 +11,17 @@ the GEMM's output against the high-precision GEMM on the same operands):
     dgrad  dx = dy W   : dy rowwise x W columnwise
     wgrad  dW = dy^T x : dy columnwise x x columnwise
 
+A routed expert group (`blocks.3.mlp.experts.fc1`: TE's GroupedLinear, harness.model.moe) hands its
+experts' operands together (`forward_experts`, `backward_experts`): each expert's rows and weight are
+quantized on their own, with their own scale (as GroupedLinear quantizes each GEMM's operands), and
+the group gets one row per role and GEMM under the group's name, over all its experts' elements: the
+group is one module to a plan (a stability override takes a whole group, and Megatron's per-module
+file matches `...mlp.experts.linear_fc1`, never one expert). An expert without rows casts no input
+and no gradient (TE's loop quantizes its weight only). The rows are those the group's GEMMs see: under
+an FP8/FP4 run the zero rows each expert is padded with count in saturation's denominator (as in the
+run's own expert rows) and nowhere else; under a BF16 run nothing is padded, and the zero rows a
+candidate's own run would add change no block amax, so the real rows' codes are the same.
+
 Nothing here writes to the training step: the operands are read under no_grad, the candidates'
 stochastic rounding draws from a generator of their own, and no quantizer state is shared with the
 run's. A candidate that quantizes only weights (int4_qat) leaves the other operands in bf16.
@@ -94,18 +105,46 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return math.sqrt(num / den)
 
 
+def _decoders(q) -> torch.Tensor | None:
+    """The copy's block decode multipliers, or its one per-tensor scale_inv; None where it has neither."""
+    src = getattr(q, "_source", None)
+    for obj in (q, src) if src is not None else (q,):
+        dec = getattr(obj, "dec", None)
+        if dec is None and isinstance(getattr(obj, "_scale_inv", None), torch.Tensor):
+            dec = obj._scale_inv
+        if dec is not None:
+            return dec.float().reshape(-1)
+    return None
+
+
 def scale_spread(q) -> float:
     """log2(max / min) over the copy's block decode multipliers that are positive (blocks of zeros
-    carry no information); 0 for per-tensor scaling."""
-    dec = getattr(q, "dec", None)
-    if dec is None:
-        src = getattr(q, "_source", None)
-        dec = getattr(src, "dec", None) if src is not None else None
-    if dec is None:
+    carry no information); 0 for per-tensor scaling. An expert group's copy (`Joined`) spreads over
+    all its experts' blocks, and per-tensor experts count as its blocks."""
+    parts = q.parts if isinstance(q, Joined) else [q]
+    found = [d for d in map(_decoders, parts) if d is not None]
+    if not found:
         return 0.0
-    d = dec.float().reshape(-1)
+    d = torch.cat(found)
     d = d[torch.isfinite(d) & (d > 0)]
     return float(torch.log2(d.max() / d.min())) if d.numel() else 0.0
+
+
+class Joined:
+    """An expert group's operand: its experts' quantized copies as one tensor for `tensor_row` (the
+    dequantized values end to end, the saturated codes summed, the scale of the expert whose source
+    holds the group's amax, as a per-tensor row's scale is its amax's)."""
+
+    def __init__(self, parts: list, sources: list[torch.Tensor]):
+        self.parts = parts
+        if all(getattr(p, "saturated_count", None) is not None for p in parts):
+            self.saturated_count = lambda: sum(p.saturated_count() for p in parts)
+        if all(getattr(p, "telemetry_scale", None) is not None for p in parts):
+            top = max(range(len(parts)), key=lambda i: float(sources[i].abs().max()))
+            self.telemetry_scale = parts[top].telemetry_scale
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize().reshape(-1) for p in self.parts])
 
 
 class CounterfactualWarning(UserWarning):
@@ -172,47 +211,75 @@ class Counterfactual:
         qt = q.quantize(x, columnwise)
         return qt.dequantize().reshape(x.shape).float(), qt
 
-    def _operand_row(self, layer: str, role: str, c: Candidate, x: torch.Tensor, qt) -> None:
+    def _copies(self, c: Candidate, role: str, xs: list[torch.Tensor], columnwise: bool):
+        """Each part of an operand quantized on its own (an expert's rows, its weight): (the fp32
+        copies, the operand's quantized copy for its row, or None where c keeps it). Parts without
+        elements are not cast (their copy is the empty part itself)."""
+        out = [self._copy(c, role, x, columnwise) if x.numel() else (x.float(), None) for x in xs]
+        qts = [qt for _, qt in out if qt is not None]
+        if not qts:
+            return [d for d, _ in out], None
+        joined = qts[0] if len(xs) == 1 else Joined(qts, [x for x in xs if x.numel()])
+        return [d for d, _ in out], joined
+
+    def _operand_row(self, layer: str, role: str, c: Candidate, xs: list[torch.Tensor], qt) -> None:
+        x = xs[0] if len(xs) == 1 else torch.cat([x.reshape(-1) for x in xs if x.numel()])
         row = T.tensor_row(layer, role, x, qt)
         row[CANDIDATE], row[SCALE_SPREAD] = c.label, scale_spread(qt)
         self.rows.append(row)
 
-    def _gemm_row(self, layer: str, gemm: str, c: Candidate, y: torch.Tensor, ref: torch.Tensor) -> None:
+    def _gemm_row(self, layer: str, gemm: str, c: Candidate, ys: list, refs: list) -> None:
+        y, ref = (ys[0], refs[0]) if len(ys) == 1 else (_flat(ys), _flat(refs))
         self.rows.append({T.LAYER: layer, T.TENSOR: gemm, CANDIDATE: c.label, REL_ERR: rel_err(y, ref)})
 
-    @guarded
-    @torch.no_grad()
     def forward(self, layer: str, x: torch.Tensor, weight: torch.Tensor) -> None:
         """x (M, K) the GEMM's high-precision input, weight (N, K): input and weight rows, fprop."""
-        if self.rows is None or not self.candidates:
-            return
-        x, w = x.detach(), weight.detach().to(BF16)
-        ref = x.float() @ w.float().t()  # (M, N)
-        for c in self.candidates:
-            xq, xt = self._copy(c, "input", x, False)
-            wq, wt = self._copy(c, "weight", w, False)
-            for role, src, qt in (("input", x, xt), ("weight", w, wt)):
-                if qt is not None:
-                    self._operand_row(layer, role, c, src, qt)
-            self._gemm_row(layer, "fprop", c, xq @ wq.t(), ref)
-        self._saved.setdefault(layer, []).append((x, w))
+        self.forward_experts(layer, [x], [weight])
+
+    def backward(self, layer: str, dy: torch.Tensor) -> None:
+        """dy (M, N) the output gradient of the last `forward` of `layer`: grad rows, dgrad, wgrad."""
+        self.backward_experts(layer, [dy])
 
     @guarded
     @torch.no_grad()
-    def backward(self, layer: str, dy: torch.Tensor) -> None:
-        """dy (M, N) the output gradient of the last `forward` of `layer`: grad rows, dgrad, wgrad."""
+    def forward_experts(self, layer: str, xs: list[torch.Tensor], weights: list[torch.Tensor]) -> None:
+        """An expert group's forward: expert e's rows xs[e] (m_e, K) and weight weights[e] (N, K),
+        each quantized on its own; one input, weight and fprop row for the group."""
+        if self.rows is None or not self.candidates:
+            return
+        xs = [x.detach() for x in xs]
+        ws = [w.detach().to(BF16) for w in weights]
+        refs = [x.float() @ w.float().t() for x, w in zip(xs, ws)]  # (m_e, N) each
+        for c in self.candidates:
+            xq, xt = self._copies(c, "input", xs, False)
+            wq, wt = self._copies(c, "weight", ws, False)
+            for role, src, qt in (("input", xs, xt), ("weight", ws, wt)):
+                if qt is not None:
+                    self._operand_row(layer, role, c, src, qt)
+            self._gemm_row(layer, "fprop", c, [a @ b.t() for a, b in zip(xq, wq)], refs)
+        self._saved.setdefault(layer, []).append((xs, ws))
+
+    @guarded
+    @torch.no_grad()
+    def backward_experts(self, layer: str, dys: list[torch.Tensor]) -> None:
+        """The output gradients dys[e] (m_e, N) of the last `forward_experts` of `layer`: one grad,
+        dgrad and wgrad row for the group."""
         if self.rows is None or not self._saved.get(layer):
             return
-        x, w = self._saved[layer].pop()
-        dy = dy.detach()
-        dx_ref = dy.float() @ w.float()  # (M, K)
-        dw_ref = dy.float().t() @ x.float()  # (N, K)
+        xs, ws = self._saved[layer].pop()
+        dys = [dy.detach() for dy in dys]
+        dx_refs = [dy.float() @ w.float() for dy, w in zip(dys, ws)]  # (m_e, K)
+        dw_refs = [dy.float().t() @ x.float() for dy, x in zip(dys, xs)]  # (N, K)
         for c in self.candidates:
-            dyr, dyt = self._copy(c, "grad", dy, False)
+            dyr, dyt = self._copies(c, "grad", dys, False)
             if dyt is not None:
-                self._operand_row(layer, "grad", c, dy, dyt)
-            wc, _ = self._copy(c, "weight", w, True)
-            self._gemm_row(layer, "dgrad", c, dyr @ wc, dx_ref)
-            dyc, _ = self._copy(c, "grad", dy, True)
-            xc, _ = self._copy(c, "input", x, True)
-            self._gemm_row(layer, "wgrad", c, dyc.t() @ xc, dw_ref)
+                self._operand_row(layer, "grad", c, dys, dyt)
+            wc, _ = self._copies(c, "weight", ws, True)
+            self._gemm_row(layer, "dgrad", c, [a @ b for a, b in zip(dyr, wc)], dx_refs)
+            dyc, _ = self._copies(c, "grad", dys, True)
+            xc, _ = self._copies(c, "input", xs, True)
+            self._gemm_row(layer, "wgrad", c, [a.t() @ b for a, b in zip(dyc, xc)], dw_refs)
+
+
+def _flat(ts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in ts])

@@ -3,7 +3,8 @@
 Every error is one line that names the options and the fix (exit code 2 at the entry point);
 warnings where the guide only recommends. `legality.py` is what the guide and TE forbid (the
 Megatron export checks only these), `support.py` what lowp cannot run yet, `keys.py` the run-level
-keys, `megatron_rules.py` what Megatron-LM's own argument checks refuse; `validate` runs them all.
+keys, `megatron_rules.py` what Megatron-LM's own argument checks refuse, `telemetry_rules.py` the
+counterfactual candidates; `validate` runs them all.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from harness.validation.megatron_rules import reference_errors
 from harness.validation.moe_rules import moe_export_errors, moe_warnings
 from harness.validation.schedule_rules import schedule_errors
 from harness.validation.support import support_errors
+from harness.validation.telemetry_rules import telemetry_errors, telemetry_warnings
 
 
 def recommendations(cfg: Config) -> list[str]:
@@ -49,7 +51,7 @@ def recommendations(cfg: Config) -> list[str]:
             f"recipe={r.name} without stability.first_last_layers_bf16: the guide advises BF16 "
             "first/last layers for FP4 (NVFP4 diverges if every linear layer is FP4)"
         )
-    out += option_warnings(r, m, cfg.backend, uses_te(cfg)) + moe_warnings(cfg)
+    out += option_warnings(r, m, cfg.backend, uses_te(cfg)) + moe_warnings(cfg) + telemetry_warnings(cfg)
     if note := auto_note(cfg.backend.name, cfg.hardware.name, te_blocker(r, s, m)):
         out.append(note)
     if not s.fp8_wgrad and uses_te(cfg):
@@ -75,6 +77,7 @@ def validate(cfg: Config, *, for_export: bool = False) -> list[str]:
         errs += reference_errors(cfg)  # then what Megatron-LM and TE refuse
     errs += moe_export_errors(cfg) if for_export else support_errors(cfg)
     errs += [] if errs else schedule_errors(cfg)
+    errs += telemetry_errors(cfg)
     if errs:
         raise ConfigError(errs[0])
     notes = recommendations(cfg)
