@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from harness import train as T
-from harness.interop.hf_tokenizer import mask_token_offers
 from tests.helpers import run_main
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -147,6 +146,8 @@ def test_refused_in_one_line_when_no_id_fits(capsys, tmp_path, case):
 def test_offers_of_llada_and_qwen_like_tokenizers(tmp_path):
     """LLaDA-like: a special token named like a mask, no mask_token declared; Qwen2.5-like: special
     tokens with a job only (end of text, chat, vision pads), so the first id past the vocabulary."""
+    from harness.interop.hf_tokenizer import mask_token_offers
+
     save_tokenizer(tmp_path / "llada", ["<|endoftext|>", "<|mdm_mask|>"])
     (token, source), *_ = mask_token_offers(tmp_path / "llada")
     assert token == WORDS + 1 and "'<|mdm_mask|>'" in source
