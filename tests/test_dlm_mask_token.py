@@ -155,6 +155,12 @@ def test_offers_of_llada_and_qwen_like_tokenizers(tmp_path):
     save_tokenizer(tmp_path / "qwen", qwen, {"added_tokens_decoder": {}, "pad_token": "<|endoftext|>"})
     assert [t for t, _ in mask_token_offers(tmp_path / "qwen")] == [WORDS + len(qwen)]
     assert mask_token_offers(tmp_path / "none") == []
+    # a sentencepiece model's directory: tokenizer_config.json alone does not say how large the vocabulary is
+    sp = tmp_path / "sentencepiece"
+    sp.mkdir()
+    decoder = {"0": {"content": "<unk>", "special": True}, "1": {"content": "<s>", "special": True}}
+    (sp / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": decoder}))
+    assert mask_token_offers(sp) == []
 
 
 def test_megatron_command_prints_the_tokenizers_mask_token(capsys, tmp_path):

@@ -10,8 +10,9 @@ and mask_token, `special_tokens_map.json`'s mask_token), no tokenizer library ne
    (LLaDA's `<|mdm_mask|>`);
 2. its first reserved special token: the lowest-id special added token whose name says reserved or
    unused (Llama 3's `<|reserved_special_token_0|>` = 128002, Gemma's `<unused0>`);
-3. the first id past its whole vocabulary (added tokens included), which no text can produce: the
-   embedding's padding rows where the model has them (Qwen2.5: 151665 of 151936 rows; its tokenizer has
+3. the first id past its whole vocabulary (added tokens included; known from tokenizer.json, not from a
+   sentencepiece model's tokenizer_config.json alone), which no text can produce: the embedding's
+   padding rows where the model has them (Qwen2.5: 151665 of 151936 rows; its tokenizer has
    no mask or reserved token, only special tokens with a job: `<|endoftext|>`, chat, tool, FIM and
    vision placeholders).
 
@@ -87,7 +88,7 @@ def _offers(paths: tuple[str, ...], stamps: tuple[float | None, ...]) -> tuple[O
     if reserved:
         i, c = min(reserved)
         offers.append((i, f"the tokenizer's first reserved special token {c!r} ({where})"))
-    if ids:
+    if vocab:  # the whole vocabulary is known only from tokenizer.json (not from a sentencepiece model's)
         size = max(ids.values()) + 1
         offers.append((size, f"the first id past the tokenizer's vocabulary of {size} ids ({where})"))
     return tuple(offers)
@@ -111,9 +112,11 @@ def _tokens(docs: dict[str, dict]) -> tuple[dict[str, tuple[int, bool]], dict[st
     tokenizer.json's model vocabulary (content -> id; a Unigram model's list by position)."""
     added: dict[str, tuple[int, bool]] = {}
     for tok in docs.get("tokenizer.json", {}).get("added_tokens") or []:
-        added[tok["content"]] = (int(tok["id"]), bool(tok.get("special")))
+        if isinstance(tok, dict) and "content" in tok and "id" in tok:
+            added[tok["content"]] = (int(tok["id"]), bool(tok.get("special")))
     for i, tok in (docs.get("tokenizer_config.json", {}).get("added_tokens_decoder") or {}).items():
-        added.setdefault(tok["content"], (int(i), bool(tok.get("special"))))
+        if isinstance(tok, dict) and "content" in tok:
+            added.setdefault(tok["content"], (int(i), bool(tok.get("special"))))
     model_vocab = (docs.get("tokenizer.json", {}).get("model") or {}).get("vocab") or {}
     if isinstance(model_vocab, list):  # Unigram: [[piece, score], ...]
         vocab = {piece[0]: i for i, piece in enumerate(model_vocab)}
