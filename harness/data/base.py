@@ -119,6 +119,11 @@ class TokenData:
     def num_eval_batches(self, eval_tokens: int, micro_batch_size: int) -> int:
         return math.ceil(eval_tokens / (micro_batch_size * self.seq_length))
 
+    def produces(self, token_id: int) -> bool:
+        """Whether the source can yield `token_id` (a masked-diffusion run's mask token must be an id it
+        never yields): a generated source draws every id of its vocabulary."""
+        return 0 <= token_id < self.vocab_size
+
     def describe(self) -> dict:
         """JSON-able provenance for run.json and summary.json."""
         return {
@@ -175,6 +180,11 @@ class TrainStream:
         self._seek(state["position"])
 
 
+def holds(tokens: np.ndarray, token_id: int, chunk: int = 1 << 24) -> bool:
+    """Whether `tokens` (an array or a memmap, read `chunk` tokens at a time) hold `token_id`."""
+    return any(bool((tokens[lo : lo + chunk] == token_id).any()) for lo in range(0, len(tokens), chunk))
+
+
 def split_stream(tokens: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """Hold out the last round(N * eval_fraction) tokens of a stream (views, no copy)."""
     n_eval = round(len(tokens) * eval_fraction)
@@ -222,6 +232,12 @@ class StreamData(TokenData):
             raise config_error(split_option, f"the train split has only {len(train)} tokens", fix)
         if eval is not None and len(eval) < window:
             raise config_error(split_option, f"the eval split has only {len(eval)} tokens", fix)
+
+    def produces(self, token_id: int) -> bool:
+        """Whether the train or eval tokens hold `token_id`: a scan of the stream (a memmap in chunks)."""
+        if not 0 <= token_id < self.vocab_size:
+            return False
+        return any(holds(a, token_id) for a in (self.train, self.eval) if a is not None)
 
     def _draw(self, micro_batch_size: int, gen: torch.Generator) -> np.ndarray:
         starts = torch.randint(len(self.train) - self.seq_length, (micro_batch_size,), generator=gen)

@@ -111,6 +111,9 @@ class BlendData(TokenData):
         self.eval_tokens = sum(p.eval_tokens for p in parts)
         self._starts: dict[tuple, np.ndarray] = {}
 
+    def produces(self, token_id: int) -> bool:
+        return any(p.produces(token_id) for p in self.parts)
+
     def _window_starts(self, seed: int, d: int, block: int) -> np.ndarray:
         key = (seed, d, block)
         if key not in self._starts:

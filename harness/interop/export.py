@@ -449,17 +449,18 @@ def write_generation_config(hf_cfg, src: Path | None, out: str) -> None:
     gen.save_pretrained(out)
 
 
-def objective_fields(objective: dict, data: dict) -> dict:
-    """config.json's keys of a masked-diffusion run: lowp_objective and its mask token's id (the
-    data's vocabulary size where objective.mask_token was null, as the trainer resolved it)."""
+def objective_fields(objective: dict, provenance: dict) -> dict:
+    """config.json's keys of a masked-diffusion run: lowp_objective and its mask token's id, as the
+    trainer resolved it (run.json's provenance; a run written before it recorded the id: the data's
+    vocabulary size where objective.mask_token was null)."""
     from harness.model.objective import MASKED_DIFFUSION
 
     if objective.get("name") != MASKED_DIFFUSION:
         return {}
-    token = objective.get("mask_token")
+    token = (provenance.get("objective") or {}).get("mask_token", objective.get("mask_token"))
     return {
         "lowp_objective": MASKED_DIFFUSION,
-        "mask_token_id": data["vocab_size"] if token is None else token,
+        "mask_token_id": provenance["data"]["vocab_size"] if token is None else token,
     }
 
 
@@ -486,7 +487,7 @@ def export(
         warnings.append(check_serving_group(group))
     tensors = quantize_state(sd, fmt, power_2, group)
     hf_cfg.architectures = [arch]
-    hf_cfg.update(objective_fields(cfg.get("objective") or {}, rj["provenance"]["data"]))
+    hf_cfg.update(objective_fields(cfg.get("objective") or {}, rj["provenance"]))
     qc = quantization_config(fmt, group, moe=bool(m.num_moe_experts))
     if qc is not None:
         hf_cfg.quantization_config = qc

@@ -7,7 +7,7 @@ difflm flags (custom_args/difflm.py):
 
     --model-running-mode difflm-noshift   (the masked-diffusion loss at each token's own position)
     --attention-mask-type no_mask         (bidirectional attention; the fork's default is causal_bottom_right)
-    --mask-token N                        (objective.mask_token, null resolved to the data's vocabulary size)
+    --mask-token N                        (objective.mask_token, null resolved as the trainer does)
     --difflm-varilen-prob p               (objective.difflm_varilen_prob)
 
 The fork's Megatron predates `--fp8-recipe` (megatron/training/arguments.py,
@@ -24,6 +24,8 @@ from __future__ import annotations
 from harness import recipes
 from harness.config.errors import ConfigError
 from harness.config.schema import DataConfig, ModelConfig, ObjectiveConfig, RecipeConfig
+from harness.interop.hf_tokenizer import run_offers
+from harness.model.objective import choose_mask_token
 
 FORK = "MegaDLMs' Megatron fork (JinjieNi/MegaDLMs)"
 FORK_LACKS = {  # upstream Megatron-LM flags lowp prints that the fork's arguments.py does not define
@@ -36,11 +38,23 @@ FORK_LACKS = {  # upstream Megatron-LM flags lowp prints that the fork's argumen
 
 
 def mask_token(o: ObjectiveConfig, data: DataConfig, model: ModelConfig) -> int:
-    """objective.mask_token, or where null the first id past the data's vocabulary (what the trainer
-    resolves for a markov or synthetic source: data.vocab_size, else the model's)."""
+    """objective.mask_token, or where null what the trainer resolves: a Hugging Face model's tokenizer's
+    offer (harness/interop/hf_tokenizer.py; a token file's ids are the trainer's to check, a markov or
+    synthetic source draws every id below its vocabulary), else the first id past the data's vocabulary
+    (data.vocab_size, else the model's)."""
     if o.mask_token is not None:
         return o.mask_token
-    return data.vocab_size if data.vocab_size is not None else model.vocab_size
+    data_vocab = data.vocab_size if data.vocab_size is not None else model.vocab_size
+    offers = run_offers(o, model.hf_config, None)
+    if not offers:
+        return data_vocab
+    generated = data.name in ("markov", "synthetic")
+    try:
+        return choose_mask_token(
+            model.vocab_size, data_vocab, offers, lambda t: generated and t < data_vocab
+        )[0]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_recipe(r: RecipeConfig) -> None:

@@ -117,6 +117,9 @@ class Autoregressive:
     def loss_floor(self, data, batches, device) -> float | None:
         return data.loss_floor
 
+    def describe(self) -> dict:
+        return {}
+
     def state_dict(self) -> dict:
         return {}
 
@@ -129,10 +132,17 @@ class MaskedDiffusion:
 
     causal = False
 
-    def __init__(self, cfg: ObjectiveConfig, mask_token: int, multiple: int, seed: int, rank: int):
+    def __init__(
+        self, cfg: ObjectiveConfig, mask_token: int, multiple: int, seed: int, rank: int, source: str = ""
+    ):
         self.cfg, self.mask_token, self.multiple = cfg, mask_token, multiple
+        self.mask_token_source = source  # where the id came from (run.json)
         self.seed, self.rank = seed, rank
         self.micro_batches = 0  # the RNG's position: its state in the checkpoint
+
+    def describe(self) -> dict:
+        """The resolved mask token and where it came from, for run.json's provenance."""
+        return {"mask_token": self.mask_token, "mask_token_source": self.mask_token_source}
 
     def corrupt(self, x: torch.Tensor, gen: torch.Generator, t: torch.Tensor):
         """(noisy inputs, (B, T) mask) of clean tokens x (B, T) at ratios t (B,), on x's device."""
@@ -195,9 +205,17 @@ class MaskedDiffusion:
         return self._summarise([sum(v) / len(v) for v in per_t])["loss"]
 
     def state_dict(self) -> dict:
-        return {"micro_batches": self.micro_batches}
+        return {"micro_batches": self.micro_batches, "mask_token": self.mask_token}
 
     def load_state_dict(self, state: dict) -> None:
+        """The RNG's position; a checkpoint trained with another mask token (tokenizer files changed
+        since) is refused, naming the override that continues it."""
+        saved = int(state.get("mask_token", self.mask_token))  # none saved: a checkpoint from before it was
+        if saved != self.mask_token:
+            raise ValueError(
+                f"objective.mask_token: the checkpoint was trained with mask token {saved}, this run "
+                f"resolves {self.mask_token} ({self.mask_token_source}); set objective.mask_token={saved}"
+            )
         self.micro_batches = int(state["micro_batches"])
 
 
@@ -228,6 +246,32 @@ def resolve_mask_token(cfg: ObjectiveConfig, model_vocab: int, data_vocab: int, 
     return token
 
 
+def past_data(data_vocab: int) -> str:
+    """The source of a mask token taken past the data's vocabulary."""
+    return f"the first id past the data's vocabulary of {data_vocab} ids"
+
+
+def choose_mask_token(
+    model_vocab: int, data_vocab: int, offers: list[tuple[int, str]], produces: Callable[[int], bool]
+) -> tuple[int, str]:
+    """objective.mask_token=null where the model's tokenizer offers ids (harness.interop.hf_tokenizer,
+    best first): (id, source) of the first offer inside the model's embedding that the data never
+    produces (`produces(id)` False), else the first id past the data's vocabulary; a ValueError naming
+    objective.mask_token and every offer's reason where none fits."""
+    tried = []
+    for token, source in [*offers, (data_vocab, past_data(data_vocab))]:
+        if not 0 <= token < model_vocab:
+            tried.append(f"{token}, {source}, is outside model.vocab_size={model_vocab}")
+        elif produces(token):
+            tried.append(f"{token}, {source}, is in the data")
+        else:
+            return token, source
+    raise ValueError(
+        f"objective.mask_token=null: no id fits the mask token ({'; '.join(tried)}); set "
+        f"objective.mask_token to an id below {model_vocab} that the data never produces"
+    )
+
+
 def field_errors(cfg: ObjectiveConfig) -> list[str]:
     """One line per bad objective field (each naming the option and the fix)."""
     if cfg.name == AUTOREGRESSIVE:
@@ -244,22 +288,36 @@ def field_errors(cfg: ObjectiveConfig) -> list[str]:
     return errs
 
 
-def config_errors(cfg: ObjectiveConfig, data_vocab: int | None, model_vocab: int) -> list[str]:
+def config_errors(
+    cfg: ObjectiveConfig, data_vocab: int | None, model_vocab: int, offers: list[tuple[int, str]] = ()
+) -> list[str]:
     """field_errors, and the mask token's room where the data's vocabulary is known from the config
-    (`data_vocab`: a markov or synthetic source's; None: known only once the source is read)."""
+    (`data_vocab`: a markov or synthetic source's, which draws every id below it; None: known only once
+    the source is read); `offers`: the model's tokenizer's (choose_mask_token)."""
     errs = field_errors(cfg)
     if cfg.name == MASKED_DIFFUSION and data_vocab is not None:
         try:
-            resolve_mask_token(cfg, model_vocab, data_vocab, tokenizer=False)
+            if cfg.mask_token is None and offers:
+                choose_mask_token(model_vocab, data_vocab, list(offers), lambda t: t < data_vocab)
+            else:
+                resolve_mask_token(cfg, model_vocab, data_vocab, tokenizer=False)
         except ValueError as exc:
             errs.append(str(exc))
     return errs
 
 
 def build_objective(
-    cfg: ObjectiveConfig, model_cfg: ModelConfig, data, multiple: int, seed: int, rank: int
+    cfg: ObjectiveConfig,
+    model_cfg: ModelConfig,
+    data,
+    multiple: int,
+    seed: int,
+    rank: int,
+    offers: list[tuple[int, str]] = (),
 ) -> Autoregressive | MaskedDiffusion:
-    """The run's objective; `data` the token source (its vocabulary bounds the mask token)."""
+    """The run's objective; `data` the token source (its vocabulary bounds the mask token, and it must
+    never produce it); `offers`: the mask tokens a Hugging Face model's tokenizer offers, best first,
+    taken (choose_mask_token) where objective.mask_token is null."""
     if cfg.name == AUTOREGRESSIVE:
         return Autoregressive()
     if cfg.name != MASKED_DIFFUSION:
@@ -267,6 +325,9 @@ def build_objective(
     errs = field_errors(cfg)
     if errs:
         raise ValueError(errs[0])
-    tokenizer = "tokenizer" in data.facts
-    token = resolve_mask_token(cfg, model_cfg.vocab_size, data.vocab_size, tokenizer)
-    return MaskedDiffusion(cfg, token, multiple, seed, rank)
+    if cfg.mask_token is None and offers:
+        token, source = choose_mask_token(model_cfg.vocab_size, data.vocab_size, list(offers), data.produces)
+    else:
+        token = resolve_mask_token(cfg, model_cfg.vocab_size, data.vocab_size, "tokenizer" in data.facts)
+        source = "objective.mask_token" if cfg.mask_token is not None else past_data(data.vocab_size)
+    return MaskedDiffusion(cfg, token, multiple, seed, rank, source)

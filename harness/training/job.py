@@ -309,6 +309,9 @@ def _run_json(
         grad_accumulation=trainer.accum,
         parallel=trainer.parallel.describe(),
     )
+    objective = trainer.objective.describe()  # masked diffusion: the mask token and where it came from
+    if objective:
+        prov.update(objective=objective)
     if cfg.schedule.phases:  # each phase's first step and full recipe (docs/schedules.md)
         prov.update(schedule=schedule.describe(cfg.recipe, cfg.schedule, cfg.steps))
     attempts = (previous or {}).get("attempts", []) + [R.attempt(resumed_from)]

@@ -26,6 +26,7 @@ from harness.backends.capability import resolve_backend_name, te_blocker
 from harness.backends.hardware import device_for
 from harness.config.schema import BackendConfig, Config, ModelConfig, RecipeConfig, eval_budget
 from harness.data import build_data
+from harness.interop.hf_tokenizer import run_offers
 from harness.lifecycle import artifacts as A
 from harness.lifecycle import checkpoint as ckpt
 from harness.lifecycle import metrics as M
@@ -164,8 +165,9 @@ class Trainer:
         self.init = None
         # one objective for every phase: variable lengths a multiple of each phase recipe's GEMM multiple
         multiple = math.lcm(*(recipes.get(r.name).gemm_multiple for r in self.phase_recipes))
+        offers = run_offers(cfg.objective, cfg.model.hf_config, cfg.init_from)  # an HF tokenizer's mask token
         self.objective = build_objective(
-            cfg.objective, cfg.model, self.data, multiple, cfg.seed, self.dist.rank
+            cfg.objective, cfg.model, self.data, multiple, cfg.seed, self.dist.rank, offers
         )
         self._build(0, init_from=cfg.init_from)
         self.accum = cfg.global_batch_size // (cfg.micro_batch_size * self.dist.world)

@@ -12,6 +12,7 @@ from harness.backends.te_options import option_errors
 from harness.config import schema
 from harness.config.schema import Config, ModelConfig, OptimizerConfig, RecipeConfig, StabilityConfig
 from harness.data import SOURCES
+from harness.interop.hf_tokenizer import run_offers
 from harness.model.objective import config_errors as objective_errors
 from harness.model.plan import OVERRIDE_FIELDS
 from harness.validation.moe_rules import moe_errors, moe_name_errors
@@ -299,9 +300,20 @@ def config_vocab(d: schema.DataConfig, m: ModelConfig) -> int | None:
     return d.vocab_size if d.vocab_size is not None else m.vocab_size
 
 
+def _objective_errors(cfg: Config) -> list[str]:
+    """The objective's fields, and its mask token where the data's vocabulary is known from the config
+    (from a Hugging Face model's tokenizer where it offers one: harness/interop/hf_tokenizer.py)."""
+    data_vocab = config_vocab(cfg.data, cfg.model)
+    try:
+        offers = run_offers(cfg.objective, cfg.model.hf_config, cfg.init_from) if data_vocab else []
+    except ValueError as exc:
+        return [str(exc)]
+    return objective_errors(cfg.objective, data_vocab, cfg.model.vocab_size, offers)
+
+
 def _shape_errors(cfg: Config) -> list[str]:
     errs = _attention_errors(cfg.model) + moe_errors(cfg)
-    errs += objective_errors(cfg.objective, config_vocab(cfg.data, cfg.model), cfg.model.vocab_size)
+    errs += _objective_errors(cfg)
     if cfg.steps < 1:
         errs.append(f"steps={cfg.steps}: must be >= 1")
     return errs
