@@ -301,3 +301,23 @@ def test_the_html_report_shows_the_ranking(tmp_path, capsys):
     assert "### nvfp4" in md and "<h3>nvfp4</h3>" in html and "<h3>mxfp8</h3>" in html
     ranking = html[html.index("<h2 id=ranking>") : html.index("<h2>How every number was obtained</h2>")]
     assert all(f"<td>{g}</td>" in ranking for g in EXPERT_GROUPS)  # expert groups ranked as modules
+
+
+def test_te_splits_a_block_only_through_tes_factories_at_their_defaults():
+    """backend=te runs a block the plan splits under a CustomRecipe of TE's factories (te_recipe), which
+    mirror the recipes' defaults: a module whose recipe differs from them, or delayed scaling, is refused
+    in one line naming it; every dense block linear has its TE role name."""
+    import dataclasses
+
+    from harness import recipes
+    from harness.backends.te import LINEARS
+    from harness.backends.te_recipe import TE_GEMM_NAMES, factory_name
+
+    assert set(TE_GEMM_NAMES) == set(LINEARS)
+    assert factory_name(recipes.default_fields("tensorwise"), "m") == "current_scaling_factory"
+    assert factory_name(recipes.default_fields("nvfp4"), "m") == "nvfp4_factory"
+    assert factory_name(None, "m") == "high_precision_factory"
+    pow2 = dataclasses.replace(recipes.default_fields("tensorwise"), power_2_scales=True)
+    for bad in (pow2, recipes.default_fields("delayed")):
+        with pytest.raises(ValueError, match="blocks.0.mlp.fc2: .* no TE factory at its defaults"):
+            factory_name(bad, "blocks.0.mlp.fc2")

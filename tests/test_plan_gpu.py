@@ -127,3 +127,23 @@ def test_te_plan_qfactory_gives_each_named_linear_its_recipe(tmp_path):
     y.float().sum().backward()
     kinds = [type(layer.quantizers["scaling_fwd"][0]).__name__ for layer in layers]
     assert kinds == ["Float8CurrentScalingQuantizer", "Float8BlockQuantizer", "IdentityQuantizer"], kinds
+
+
+def test_a_plan_that_splits_a_block_runs_on_te_with_each_gemm_in_its_recipe(tmp_path):
+    """A plan moving some of a block's linears to BF16 (the 8B-slice plan's shape) runs on lowp's TE
+    blocks: the block's CustomRecipe gives each GEMM's slots its module's factory, by TE's role name."""
+    path = _plan_file(tmp_path, {"blocks.0.attn.qkv": "tensorwise", "blocks.0.attn.proj": "bf16",
+                                 "blocks.0.mlp.fc1": "tensorwise", "blocks.0.mlp.fc2": "bf16"})  # fmt: skip
+    base = [*GPU_TINY, "backend=te", "recipe=tensorwise", "steps=2", "log_interval=1", "eval_interval=0",
+            "checkpoint_interval=0", "stability=plan", f"stability.plan_file={path}"]  # fmt: skip
+    from harness.train import Trainer
+    from harness.validation.load import compose_config, prepare
+
+    trainer = Trainer(prepare(compose_config(base)), tmp_path / "run")
+    trainer.train_step(0)  # builds TE's quantizers in the block's autocast
+    attn, mlp = trainer.model.blocks[0].layer.self_attention, trainer.model.blocks[0].layer.layernorm_mlp
+    kinds = lambda mod: {type(q).__name__ for q in mod.quantizers["scaling_fwd"] if q is not None}  # noqa: E731
+    assert kinds(attn.layernorm_qkv) == {"Float8CurrentScalingQuantizer"}
+    assert kinds(attn.proj) == {"IdentityQuantizer"}
+    assert kinds(mlp) == {"Float8CurrentScalingQuantizer", "IdentityQuantizer"}  # fc1 FP8, fc2 BF16
+    assert run(compose_cfg(*base), tmp_path / "full").status == "completed"

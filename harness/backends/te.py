@@ -22,7 +22,7 @@ from harness.backends.base import Backend, BackendSpec
 from harness.backends.te_env import set_nvte_env
 from harness.backends.te_moe import moe_mlp
 from harness.backends.te_qkv import install_packed_qkv_grad
-from harness.backends.te_recipe import build_te_recipe
+from harness.backends.te_recipe import TE_GEMM_NAMES, build_te_recipe, split_block_recipe
 from harness.config.schema import ModelConfig, OptimizerConfig, RecipeConfig
 from harness.model.gpt import GPT, head_dims, norm, rope_inv_freq
 from harness.model.moe import moe_layer_pattern
@@ -86,6 +86,7 @@ class TEBlock(nn.Module):
             activation=m.activation,
             normalization=m.normalization,
             layer_number=index + 1,
+            name=f"blocks.{index}",  # its GEMMs' quantizer roles (te_recipe.TE_GEMM_NAMES)
             device="cuda",
             init_method=lambda w: nn.init.normal_(w, 0.0, std),
             output_layer_init_method=lambda w: nn.init.normal_(w, 0.0, out_std),
@@ -94,7 +95,9 @@ class TEBlock(nn.Module):
             fuse_wgrad_accumulation=fuse_wgrad,
         )
         if m.add_qkv_bias and not m.add_bias_linear:
-            self.layer.self_attention.layernorm_qkv = qkv_with_bias(te, m, fuse_wgrad, std)
+            self.layer.self_attention.layernorm_qkv = qkv_with_bias(
+                te, m, fuse_wgrad, std, name=f"blocks.{index}.{TE_GEMM_NAMES['attn.qkv']}"
+            )
         if moe_mlp is not None:  # the layer's forward calls it as layernorm_mlp(x, is_first_microbatch=)
             self.layer.layernorm_mlp = moe_mlp
         self.context = context
@@ -110,7 +113,7 @@ class TEBlock(nn.Module):
             return self.layer(x, **kw)
 
 
-def qkv_with_bias(te, m: ModelConfig, fuse_wgrad: bool, std: float) -> nn.Module:
+def qkv_with_bias(te, m: ModelConfig, fuse_wgrad: bool, std: float, name: str | None = None) -> nn.Module:
     """Qwen2's QKV-only bias (Megatron's add_qkv_bias): te.TransformerLayer has one `bias` flag for
     all its linears, so the layer is built without biases and its attention's QKV LayerNormLinear is
     replaced by one with a bias, built with the arguments TE 2.20's MultiheadAttention gives it
@@ -128,6 +131,7 @@ def qkv_with_bias(te, m: ModelConfig, fuse_wgrad: bool, std: float) -> nn.Module
         params_dtype=torch.bfloat16,
         device="cuda",
         ub_name="qkv",
+        name=name,
     )
 
 
@@ -183,12 +187,8 @@ class TEBackend(Backend):
         linears = block_linears(self.spec.model, index)
         planned = [recipes.quantizing(self.plan.recipe_for(f"blocks.{index}.{lin}")) for lin in linears]
         if any(r != planned[0] for r in planned):
-            labels = sorted({recipes.label(r) if r else recipes.BASELINE for r in planned})
-            raise ValueError(
-                f"stability.overrides split block {index} between recipes {labels}: "
-                "backend=te applies a recipe per block; make the pattern cover whole blocks "
-                "(e.g. 'blocks.0.*') or use backend=emulated"
-            )
+            recipe = split_block_recipe(index, dict(zip(linears, planned, strict=True)))
+            return lambda: self.te.autocast(enabled=True, recipe=recipe, amax_reduction_group=self.amax_group)
         own = planned[0]
         if own == recipes.quantizing(self.spec.recipe):
             return None

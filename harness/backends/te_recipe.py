@@ -112,3 +112,70 @@ def build_te_recipe(r: RecipeConfig, s: StabilityConfig):
     from transformer_engine.common import recipe as R
 
     return BUILDERS[cls](R, r, s)
+
+
+TE_FACTORIES = "transformer_engine.pytorch.custom_recipes.quantizer_factories"
+FACTORY_OF = {
+    "Float8CurrentScaling": "current_scaling_factory",
+    "Float8BlockScaling": "float8_block_scaling_factory",
+    "MXFP8BlockScaling": "mxfp8_factory",
+    "NVFP4BlockScaling": "nvfp4_factory",
+}
+"""TE recipe class (the registry's te_recipe_class) -> TE's factory that mirrors its defaults
+(TE 2.20.2 pytorch/custom_recipes/quantizer_factories.py)."""
+HIGH_PRECISION = "high_precision_factory"
+"""TE's factory of IdentityQuantizer: the slot's GEMM runs unquantized (BF16)."""
+
+TE_GEMM_NAMES = {
+    "attn.qkv": "self_attention.layernorm_linear_qkv",
+    "attn.proj": "self_attention.proj",
+    "mlp.fc1": "layernorm_mlp.fc1",
+    "mlp.fc2": "layernorm_mlp.fc2",
+}
+"""A block linear -> the name te.TransformerLayer(name="blocks.N") gives its GEMM's quantizer roles
+(TE 2.20.2 transformer.py:485,538; attention/multi_head_attention.py:400,487; LayerNormMLP's
+`get_quantizer_roles`, module/layernorm_mlp.py:2210-2212, names fc1 and fc2 apart)."""
+
+
+def factory_name(recipe: RecipeConfig | None, where: str) -> str:
+    """The TE factory that quantizes like `recipe` at its preset's defaults; None: high precision."""
+    if recipe is None:
+        return HIGH_PRECISION
+    factory = FACTORY_OF.get(recipes.get(recipe.name).te_recipe_class or "")
+    if factory is None or recipe != recipes.default_fields(recipe.name):
+        raise ValueError(
+            f"{where}: {recipes.label(recipe)} has no TE factory at its defaults, and backend=te can split "
+            "a block between recipes only through TE's factories; give the whole block one recipe "
+            "(e.g. 'blocks.0.*') or use backend=emulated"
+        )
+    return factory
+
+
+def split_block_recipe(index: int, planned: dict[str, RecipeConfig | None]):
+    """A block whose linears run different recipes (a precision plan: Megatron's
+    --te-precision-config-file does the same per module): TE applies one recipe per autocast, so the
+    block runs under a CustomRecipe whose factory gives each GEMM's quantizer slots the TE factory of
+    its module's recipe, found by TE's role name (TE_GEMM_NAMES). Slots of no block linear (the
+    attention's, a boundary's) stay in high precision, as under the block's native recipes."""
+    import importlib
+
+    from transformer_engine.common import recipe as R
+
+    unknown = sorted(set(planned) - set(TE_GEMM_NAMES))
+    if unknown:
+        raise ValueError(
+            f"stability.overrides split block {index} between recipes where it holds {unknown}; "
+            "backend=te splits dense blocks only: give the whole block one recipe (e.g. 'blocks.0.*') "
+            "or use backend=emulated"
+        )
+    factories = importlib.import_module(TE_FACTORIES)
+    by_role = {
+        f"blocks.{index}.{TE_GEMM_NAMES[lin]}": getattr(factories, factory_name(r, f"blocks.{index}.{lin}"))
+        for lin, r in planned.items()
+    }
+    high = getattr(factories, HIGH_PRECISION)
+
+    def qfactory(role):
+        return by_role.get(getattr(role, "name", "") or "", high)(role)
+
+    return R.CustomRecipe(qfactory=qfactory)

@@ -23,18 +23,9 @@ from __future__ import annotations
 import importlib
 
 from harness import recipes
+from harness.backends.te_recipe import FACTORY_OF, HIGH_PRECISION, TE_FACTORIES
 from harness.interop.megatron_precision import NotExpressible, megatron_path
 from harness.model.plan import read_plan
-
-TE_FACTORIES = "transformer_engine.pytorch.custom_recipes.quantizer_factories"
-FACTORY_OF = {
-    "Float8CurrentScaling": "current_scaling_factory",
-    "Float8BlockScaling": "float8_block_scaling_factory",
-    "MXFP8BlockScaling": "mxfp8_factory",
-    "NVFP4BlockScaling": "nvfp4_factory",
-}
-"""TE recipe class (the registry's te_recipe_class) -> TE's factory that mirrors its defaults."""
-HIGH_PRECISION = "high_precision_factory"
 
 
 def module_factories(path: str) -> dict[str, str]:
