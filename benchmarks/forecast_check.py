@@ -13,6 +13,12 @@ prediction interval. Coverage at r = covered / forecasts made (refusals are coun
 validated ratio is the largest r whose coverage is >= 90% of nominal over >= 30 forecasts; the report
 refuses beyond it (`analysis.forecast.VALIDATED_RATIO`).
 
+The BF16 loss fit behind `lowp-report --target-loss` is checked the same way (`bf16_loss_fit` in the
+output): every distinct BF16 run of the sources, `analysis.forecast.loss_fit` on its points up to T/r
+past the early transient of that part (above the run's loss floor where the data has one), its 95%
+prediction interval against the run's mean loss over the final smoothing window of T; coverage per r
+and the validated ratio by the same rule (`analysis.forecast.LOSS_VALIDATED_RATIO`).
+
 Sources: the 300-step H200 loss checks (markov_300_*: 13 train points per run, every 25 steps), the
 main job's 25 runs (cpu_compare_cpu_*: 20 train points per run) and the CPU set made for this check
 (`sweeps/forecast_cpu_set.yaml`: gpt_tiny at 10x the main job's tokens, 5 seeds, the main job's arms),
@@ -65,6 +71,8 @@ class Curve:
     seed: int
     t: np.ndarray
     loss: np.ndarray
+    floor: float | None = None
+    """summary.loss_floor (markov data), the loss fit's lowest asymptote."""
 
 
 def _runs(obj: dict) -> dict:
@@ -82,7 +90,7 @@ def read_curves(path: Path) -> list[Curve]:
         per_step = s["tokens"] / s["steps"]
         recipe = f"{s.get('recipe_label') or s.get('recipe')} [{s.get('variant')}]"
         out.append(Curve(path.name, label, recipe, s.get("model"), int(s["tokens"]), int(s.get("seed", 0)),
-                         rows[:, 0] * per_step, rows[:, 1]))  # fmt: skip
+                         rows[:, 0] * per_step, rows[:, 1], s.get("loss_floor")))  # fmt: skip
     return out
 
 
@@ -121,6 +129,36 @@ def check_case(arm: Curve, ref: Curve, ratio: float) -> dict:
             "covered": bool(lo <= row["observed"] <= hi)}  # fmt: skip
 
 
+def bf16_runs(curves: list[Curve]) -> list[Curve]:
+    """Every distinct BF16 run (the same curve in two files counted once)."""
+    seen, out = set(), []
+    for c in curves:
+        key = (c.model, c.tokens, c.seed, tuple(np.round(c.loss, 6)))
+        if c.recipe.startswith("bf16 ") and key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def check_loss_case(run: Curve, ratio: float) -> dict:
+    """The BF16 loss fit behind --target-loss (`analysis.forecast.loss_fit`) on tokens <= T/ratio
+    past the early transient of that part; covered when the mean loss over the final smoothing
+    window of T lies inside its 95% prediction interval for the mean of that window's points."""
+    total = float(run.tokens)
+    cut = total / ratio
+    fit_pts = (run.t >= EARLY_FRAC * cut) & (run.t <= cut * (1 + 1e-9))
+    final = run.t >= total * (1 - SMOOTH_FRAC) - 1e-9
+    final = final if final.sum() else run.t == run.t[-1]
+    row = {"case": f"{run.source}:{run.label}", "model": run.model, "seed": run.seed, "ratio": ratio,
+           "points": int(fit_pts.sum()), "observed": float(run.loss[final].mean())}  # fmt: skip
+    f, why = F.loss_fit(run.t[fit_pts], run.loss[fit_pts], run.floor)
+    if f is None:
+        return {**row, "refused": why}
+    y, lo, hi = f.interval(float(run.t[final].mean()), int(final.sum()))
+    return {**row, "fit": F.loss_text(f), "predicted": y, "lo": lo, "hi": hi,
+            "covered": bool(lo <= row["observed"] <= hi)}  # fmt: skip
+
+
 def coverage(rows: list[dict]) -> dict:
     """Per ratio: forecasts, refusals, covered, coverage; and the largest validated ratio."""
     by: dict[float, dict] = {}
@@ -143,7 +181,11 @@ def measure(paths: list[Path], ratios: list[float]) -> dict:
     curves = [c for p in paths for c in read_curves(p)]
     pairs = cases(curves)
     rows = [check_case(a, b, r) for r in ratios for a, b in pairs]
-    return {"sources": [p.name for p in paths], "pairs": len(pairs), **coverage(rows), "rows": rows}
+    bf16 = bf16_runs(curves)
+    loss_rows = [check_loss_case(c, r) for r in ratios for c in bf16]
+    loss = {"bf16_runs": len(bf16), **coverage(loss_rows), "rows": loss_rows}
+    return {"sources": [p.name for p in paths], "pairs": len(pairs), **coverage(rows), "rows": rows,
+            "bf16_loss_fit": loss}  # fmt: skip
 
 
 def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
@@ -160,6 +202,11 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
               f"{d['refused']} refused of {d['cases']} cases")  # fmt: skip
     print(f"validated ratio (coverage >= {100 * ENOUGH:.1f}% over >= {MIN_CASES} forecasts): "
           f"{result['validated_ratio']}; absent sources: {missing or 'none'}")  # fmt: skip
+    loss = result["bf16_loss_fit"]
+    for r, d in loss["by_ratio"].items():
+        print(f"BF16 loss fit, ratio {r}: {d['covered']}/{d['forecasts']} covered "
+              f"({100 * d['coverage']:.0f}%), {d['refused']} refused of {d['cases']} BF16 runs")  # fmt: skip
+    print(f"BF16 loss fit's validated ratio: {loss['validated_ratio']}")
     return result
 
 

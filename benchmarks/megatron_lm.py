@@ -1,6 +1,7 @@
 """Hold lowp's Megatron export against Megatron-LM itself.
 
     python -m benchmarks.megatron_lm check --megatron DIR --out OUT [--python PY] [--limit N]
+        [--schedules-only]
     python -m benchmarks.megatron_lm pretrain --megatron DIR --out OUT [--recipes bf16,tensorwise]
         [--iters 20] [--timeout 240]
 
@@ -17,6 +18,13 @@ numpy, packaging and triton (no GPU), and Python >= 3.12 for Megatron-LM d98e8a6
 Without a GPU or TE the child answers Megatron's compute-capability and TE-version queries as the
 exported command's Hopper and TE 2.20.2 would, and builds the TransformerConfig without the fused
 RoPE kernel TE provides (both are in check.json); what needs TE itself stays unchecked.
+
+`check` also exports the precision schedules (`SCHEDULES`: the conf/schedule presets and two
+hand-written ones, a delayed -> delayed change of amax algorithm and delayed -> delayed -> tensorwise, on the
+`SCHEDULE_MODELS`) one command per phase (harness.interop.megatron_schedule: `--save`/`--load`,
+`--exit-interval`, `--ckpt-drop-redundant-extra-state`) and feeds each phase's argv through the same
+checks; check.json's `schedules` holds each phase's verdict. `--schedules-only` checks those alone
+(a minute on two cores). The check exits 1 when Megatron refuses a command lowp exports.
 
 `pretrain` prints `python -m harness.megatron experiment=EXPERIMENT recipe=R steps=ITERS --format
 sh` for each recipe (EXPERIMENT: h200_1b unless `--experiment`), runs that command as printed
@@ -62,6 +70,78 @@ def lowp_cases(limit: int | None = None) -> list[dict]:
         if limit and len(out) >= limit:
             break
     return out
+
+
+SCHEDULE_MODELS = ("gpt_125m", "gpt_1b", "qwen3_moe_tiny")
+"""A dense RoPE model, the 1.4B anchor shape (learned positions) and an MoE preset."""
+SCHEDULES = {
+    "nvfp4 -> bf16": ["recipe=nvfp4", "schedule=bf16_last10pct"],
+    "mxfp8 -> bf16": ["recipe=mxfp8", "schedule=bf16_last10pct"],
+    "tensorwise -> high-precision backward": ["recipe=tensorwise", "schedule=hp_backward_last10pct"],
+    "blockwise -> high-precision backward": ["recipe=blockwise", "schedule=hp_backward_last10pct"],
+    "nvfp4 -> BF16 forward, MXFP8 backward": ["recipe=nvfp4", "schedule=hp_forward_last10pct"],
+    "delayed -> delayed (most_recent)": [
+        "recipe=delayed",
+        "schedule.phases=[{at_fraction: 0.5, fields: {fp8_amax_compute_algo: most_recent}}]",
+    ],
+    "delayed -> delayed -> tensorwise": [
+        "recipe=delayed",
+        "schedule.phases=[{at_fraction: 0.3, fields: {fp8_amax_compute_algo: most_recent}}, "
+        "{at_fraction: 0.6, recipe: tensorwise}]",
+    ],
+}
+"""Schedules whose per-phase commands the check feeds to Megatron-LM (overrides of each)."""
+SCHEDULE_STEPS = 1000
+CHECKPOINTS = "/tmp/lowp-schedule-checkpoints"
+"""The phases' --save/--load directory in the checked argv (parse_args and validate_args read no file)."""
+
+
+def schedule_cases() -> list[dict]:
+    """Every model x schedule: lowp's verdict and, where lowp exports it, each phase's argv."""
+    from harness.interop.megatron import nvte_env, provider_fields
+    from harness.interop.megatron_schedule import phase_configs, schedule_args
+    from harness.validation import ConfigError, load
+
+    out = []
+    for model in SCHEDULE_MODELS:
+        for name, overrides in SCHEDULES.items():
+            case = {"case": f"model={model} {name}"}
+            case["overrides"] = [f"model={model}", f"steps={SCHEDULE_STEPS}", *overrides]
+            try:
+                cfg = load(case["overrides"], for_export=True)
+                phases = [
+                    {
+                        "recipe": phase.recipe.name,
+                        "env": nvte_env(phase),
+                        "argv": argv,
+                        "fields": provider_fields(phase),
+                    }  # fmt: skip
+                    for (argv, _), phase in zip(
+                        schedule_args(cfg, CHECKPOINTS), phase_configs(cfg), strict=True
+                    )
+                ]
+            except ConfigError as exc:
+                out.append({**case, "lowp_refuses": str(exc), "phases": []})
+                continue
+            out.append({**case, "lowp_refuses": None, "phases": phases})
+    return out
+
+
+def schedule_summary(cases: list[dict]) -> dict:
+    """Counts over the schedules' phase commands, and every phase Megatron refused."""
+    phases = [(c["case"], i, p) for c in cases for i, p in enumerate(c["phases"])]
+    return {
+        "schedules": len(cases),
+        "lowp_refuses": [{"case": c["case"], "lowp": c["lowp_refuses"]} for c in cases if c["lowp_refuses"]],
+        "phase_commands": len(phases),
+        "megatron_accepts": sum(p["megatron"]["ok"] is True for _, _, p in phases),
+        "unchecked_without_te": sum(p["megatron"]["ok"] is None for _, _, p in phases),
+        "megatron_refuses": [
+            {"case": case, "phase": i, **p["megatron"]}
+            for case, i, p in phases
+            if p["megatron"]["ok"] is False
+        ],
+    }
 
 
 def _megatron_verdict(argv: list[str], fields: dict) -> dict:
@@ -219,13 +299,39 @@ def _counts(cases: list[dict]) -> dict:
 
 def check(args) -> dict:
     t0 = time.time()
-    cases = lowp_cases(args.limit)
+    cases = [] if args.schedules_only else lowp_cases(args.limit)
+    schedules = schedule_cases()
+    phases = [p for c in schedules for p in c["phases"]]
     key = lambda c: json.dumps([c["argv"], c["fields"]])  # noqa: E731
-    distinct = sorted({key(c) for c in cases})
+    distinct = sorted({key(c) for c in [*cases, *phases]})
     items = [json.loads(k) for k in distinct]
     verdicts = dict(
         zip(distinct, megatron_verdicts(items, args.megatron, args.python, max(1, args.jobs)), strict=True)
     )
+    for p in phases:
+        p["megatron"] = verdicts[key(p)]
+    report = {"megatron": str(args.megatron), **(sweep_report(cases, verdicts, key) if cases else {})}
+    report["schedules"] = schedule_summary(schedules)
+    report["answered_without_gpu_or_te"] = cpu_answers()
+    report["seconds"] = round(time.time() - t0, 1)
+    report["all_schedules"] = schedules
+    if cases:
+        report["all"] = [{k: c[k] for k in ("case", "lowp_refuses", "megatron")} for c in cases]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "check.json").write_text(json.dumps(report, indent=1))
+    s = report["schedules"]
+    print(
+        f"[megatron_lm] schedules: {s['schedules']} ({len(s['lowp_refuses'])} refused by lowp), "
+        f"{s['phase_commands']} phase commands: Megatron accepts {s['megatron_accepts']}, refuses "
+        f"{len(s['megatron_refuses'])}, unchecked {s['unchecked_without_te']} -> {args.out / 'check.json'}"
+    )
+    for r in s["megatron_refuses"][:20]:
+        print(f"  Megatron refuses phase {r['phase']} of {r['case']}: {r['stage']}: {r['error']}")
+    return report
+
+
+def sweep_report(cases: list[dict], verdicts: dict, key) -> dict:
+    """The sweep's counts: lowp's verdicts against Megatron's, and the two kinds of disagreement."""
     accepts_refused, stricter = [], []
     for c in cases:
         v = verdicts[key(c)]
@@ -237,9 +343,8 @@ def check(args) -> dict:
         elif c["lowp_refuses"] is not None and v["ok"]:
             stricter.append({"case": c["case"], "lowp": c["lowp_refuses"]})
     report = {
-        "megatron": str(args.megatron),
         "cases": len(cases),
-        "distinct_flag_lists": len(distinct),
+        "distinct_flag_lists": len({key(c) for c in cases}),
         "lowp_accepts": sum(c["lowp_refuses"] is None for c in cases),
         "megatron_accepts": sum(c["megatron"]["ok"] is True for c in cases),
         "unchecked_without_te": sum(c["megatron"]["ok"] is None for c in cases),
@@ -247,18 +352,13 @@ def check(args) -> dict:
         "lowp_stricter": stricter,
         "both_refuse": sum(c["lowp_refuses"] is not None and c["megatron"]["ok"] is False for c in cases),
         "moe": _counts([c for c in cases if c["case"].startswith("model=")]),
-        "answered_without_gpu_or_te": cpu_answers(),
         "fused_rope_off_without_te": sum("cpu_without" in c["megatron"] for c in cases),
-        "seconds": round(time.time() - t0, 1),
-        "all": [{k: c[k] for k in ("case", "lowp_refuses", "megatron")} for c in cases],
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "check.json").write_text(json.dumps(report, indent=1))
     print(
         f"[megatron_lm] {report['cases']} cases ({report['distinct_flag_lists']} flag lists): lowp accepts "
         f"{report['lowp_accepts']}, Megatron accepts {report['megatron_accepts']}; lowp accepts what "
         f"Megatron refuses: {len(accepts_refused)}; lowp stricter: {len(stricter)}; unchecked "
-        f"{report['unchecked_without_te']} -> {args.out / 'check.json'}"
+        f"{report['unchecked_without_te']}"
     )
     moe = report["moe"]
     print(
@@ -372,6 +472,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     c.add_argument("--python", default=sys.executable, help="interpreter that imports Megatron-LM")
     c.add_argument("--limit", type=int, default=None, help="only the first N sweep cases")
     c.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="Megatron child processes")
+    c.add_argument("--schedules-only", action="store_true", help="only the schedules' phase commands")
     t = sub.add_parser("pretrain", help="run the exported pretrain_gpt.py line beside lowp")
     t.add_argument("--recipes", default="bf16,tensorwise")
     t.add_argument("--iters", type=int, default=20)
@@ -399,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1
     if args.cmd == "check":
-        return 1 if report["lowp_accepts_megatron_refuses"] else 0
+        refused = report.get("lowp_accepts_megatron_refuses") or report["schedules"]["megatron_refuses"]
+        return 1 if refused else 0
     return 0 if all("error" not in e for e in report["recipes"].values()) else 1
 
 

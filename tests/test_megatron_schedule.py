@@ -1,9 +1,18 @@
 """A precision schedule's Megatron-LM export (harness/interop/megatron_schedule.py): one command per
 phase, chained through one checkpoint directory, the second loading the first's checkpoint with its
 optimizer, iteration and RNGs but without its FP8 extra state; each command held against Megatron-LM's
-own rules as tests/test_megatron_parallel.py holds the plain export (read at d98e8a6). In-process."""
+own rules as tests/test_megatron_parallel.py holds the plain export (read at d98e8a6). In-process, but
+for one slow test that feeds every phase command of `benchmarks.megatron_lm check`'s schedules to
+Megatron-LM's own parse_args + validate_args (a Megatron-LM tree named by LOWP_MEGATRON, run by the
+Python >= 3.12 named by LOWP_MEGATRON_PYTHON, default this one; skipped without them)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +86,32 @@ def test_a_schedule_megatron_cannot_express_is_refused_in_one_line(capsys):
         capsys, main, "harness.megatron", *BASE, "recipe=tensorwise", "schedule.phases=[{at_step: 100}]"
     )
     assert code == 2 and err.strip().startswith("error: schedule.phases.0 (phase 1) starts at step 100")
+
+
+@pytest.mark.slow
+def test_every_phase_command_passes_megatron_lm_argument_validation(tmp_path):
+    tree = Path(os.environ.get("LOWP_MEGATRON", "/nonexistent"))
+    if not (tree / "megatron/training/arguments.py").exists():
+        pytest.skip("LOWP_MEGATRON: no Megatron-LM tree (git archive HEAD megatron | tar -x -C DIR)")
+    python = os.environ.get("LOWP_MEGATRON_PYTHON")
+    if python is None and sys.version_info < (3, 12):
+        pytest.skip(
+            "LOWP_MEGATRON_PYTHON: Megatron-LM d98e8a6 needs Python >= 3.12 with torch, numpy, triton"
+        )
+    cmd = [sys.executable, "-m", "benchmarks.megatron_lm", "check", "--schedules-only", "--jobs", "1"]
+    cmd += ["--megatron", str(tree), "--python", python or sys.executable, "--out", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    s = report["schedules"]
+    assert s["lowp_refuses"] == [] and s["megatron_refuses"] == [] and s["unchecked_without_te"] == 0
+    assert s["megatron_accepts"] == s["phase_commands"] > s["schedules"] >= 20
+    by_case = {c["case"]: c["phases"] for c in report["all_schedules"]}
+    for case, recipes in (
+        ("nvfp4 -> bf16", ["nvfp4", "bf16"]),
+        ("delayed -> delayed (most_recent)", ["delayed"] * 2),
+    ):
+        phases = by_case[f"model=gpt_1b {case}"]
+        assert [p["recipe"] for p in phases] == recipes
+        assert {"--load", "--ckpt-drop-redundant-extra-state"} <= set(phases[1]["argv"])
+        assert "--exit-interval" in phases[0]["argv"] and all(p["megatron"]["ok"] for p in phases)
