@@ -5,6 +5,7 @@ builds the Trainer, fits, and writes the summary on every way out (atomic, also 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 import traceback
@@ -12,6 +13,7 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
 from omegaconf import OmegaConf
 
 from harness import recipes
@@ -67,6 +69,18 @@ def run(
         return _run(cfg, run_dir, stop, resume_command, config_warnings, dist)
     finally:
         D.teardown(dist)
+        release_memory()
+
+
+def release_memory() -> None:
+    """Free the finished run's model, optimizer and activations before anything else runs in this
+    process (a sweep's next job, a benchmark's next run): its modules sit in reference cycles (hooks,
+    probes, TE's modules) that only the cyclic collector frees, and until it runs their device memory
+    stays allocated and counts in the next run's peak (measured on the H200: +17.7 GiB per run of the
+    2-layer Mixtral-like slice, until a run ran out of memory)."""
+    if torch.cuda.is_available():  # on a CPU the collector's own schedule is enough
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _run(
