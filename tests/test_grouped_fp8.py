@@ -1,0 +1,132 @@
+"""lowp's FP8 expert-group kernels (harness.backends.grouped_fp8) on the CPU: the per-expert amax, scale
+and E4M3 cast against the emulator's CurrentScalingQuantizer at atol=0, and the FP8 wgrad against
+fp64 sums of the dequantized codes, in Triton's CPU interpreter (the compiled kernels and the GEMMs
+are checked on CUDA by tests/test_grouped_fp8_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import in_triton_interpreter
+
+# (rows per expert, columns): unaligned counts, an empty expert first and in the middle, a column
+# count that is no multiple of the kernels' tile
+CASES = (([0, 37, 5, 100], 96), ([3, 0, 130, 17], 200))
+
+
+def group_rows(counts, cols, g):
+    """Rows grouped by expert, expert e's at magnitude 2^(e-1), with values that saturate, -0.0, and
+    ties of the E4M3 grid after scaling."""
+    x = torch.randn(sum(counts), cols, generator=g)
+    start = 0
+    for e, n in enumerate(counts):
+        x[start : start + n] *= 2.0 ** (e - 1)
+        start += n
+    if x.shape[0] > 3:
+        x[1, :3] = torch.tensor([-0.0, 0.0, 1e-30])
+    return x.to(torch.bfloat16)
+
+
+def emulated(x_e, power_2, epsilon):
+    from harness.numerics.formats import E4M3
+    from harness.numerics.quantizers import CurrentScalingQuantizer
+
+    return CurrentScalingQuantizer(E4M3, power_2, epsilon).quantize(x_e)
+
+
+def _codes_and_scales_equal_the_emulators() -> None:
+    from harness.backends import grouped_fp8 as G
+    from harness.numerics.scaling import scale_from_amax
+
+    g = torch.Generator().manual_seed(0)
+    for (counts, cols), (power_2, epsilon) in zip(
+        CASES * 2, [(False, 0.0), (False, 0.0), (True, 0.0), (False, 4.0)]
+    ):
+        x = group_rows(counts, cols, g)
+        ends = torch.tensor(counts).cumsum(0).to(torch.int32)
+        q = G.quantize_group(x, ends, power_2=power_2, epsilon=epsilon, columnwise=True, row_scales=True)
+        start = 0
+        for e, n in enumerate(counts):
+            rows = slice(start, start + n)
+            if n == 0:  # no rows: amax 0 and its scale (TE computes nothing for it; no GEMM reads it)
+                want = scale_from_amax(torch.zeros(1), 448.0, power_2=power_2, epsilon=epsilon)
+                assert q.amax[e] == 0 and q.scale[e] == want and q.scale_inv[e] == 1 / want, e
+                continue
+            ref = emulated(x[rows], power_2, epsilon)
+            assert torch.equal(q.amax[e].reshape(1), ref.amax.reshape(1)), ("amax", e)
+            assert torch.equal(q.scale[e].reshape(1), ref.scale.reshape(1)), ("scale", e)
+            assert torch.equal(q.scale_inv[e].reshape(1), ref.scale_inv.reshape(1)), ("scale_inv", e)
+            codes = ref.q.view(torch.uint8).reshape(n, cols)
+            assert torch.equal(q.rowwise[rows].view(torch.uint8), codes), ("rowwise", e)
+            assert torch.equal(q.columnwise[:, rows].view(torch.uint8), codes.t()), ("columnwise", e)
+            assert torch.all(q.row_scale_inv[rows] == ref.scale_inv.reshape(())), ("row scale_inv", e)
+            start += n
+    w = (
+        torch.randn(3, 48, 80, generator=g).to(torch.bfloat16)
+        * torch.tensor([1.0, 1e-3, 40.0]).to(torch.bfloat16)[:, None, None]
+    )
+    qw = G.quantize_weights(w, power_2=False, epsilon=0.0, columnwise=True)
+    for e in range(3):
+        ref = emulated(w[e], False, 0.0)
+        codes = ref.q.view(torch.uint8).reshape(48, 80)
+        assert torch.equal(qw.rowwise[e].view(torch.uint8), codes), ("weight rowwise", e)
+        assert torch.equal(qw.columnwise[e].view(torch.uint8), codes.t()), ("weight columnwise", e)
+        assert torch.all(qw.row_scale_inv[e] == ref.scale_inv.reshape(())), ("weight scale_inv", e)
+
+
+def _fp8_wgrad_sums_each_experts_codes() -> None:
+    from harness.backends import grouped_fp8 as G
+
+    g = torch.Generator().manual_seed(1)
+    for counts, (m, n) in (([0, 37, 5, 100], (96, 80)), ([3, 0, 17], (40, 24))):
+        ends = torch.tensor(counts).cumsum(0).to(torch.int32)
+        dy = G.quantize_group(group_rows(counts, m, g), ends, columnwise=True)
+        x = G.quantize_group(group_rows(counts, n, g), ends, columnwise=True)
+        stops = ends.tolist()
+        want = torch.stack(
+            [
+                (dy.columnwise[:, s - c : s].double() @ x.columnwise[:, s - c : s].double().t())
+                * (dy.scale_inv[e].double() * x.scale_inv[e].double())
+                for e, (c, s) in enumerate(zip(counts, stops))
+            ]
+        )
+        got = G.grouped_wgrad_fp8(dy.columnwise, x.columnwise, ends, dy.scale_inv, x.scale_inv)
+        tol = 1e-6 * want.abs().max()
+        assert got.dtype == torch.float32 and (got.double() - want).abs().max() <= tol, "fresh"
+        assert all(torch.count_nonzero(got[i]) == 0 for i, c in enumerate(counts) if c == 0), "empty, fresh"
+        main = torch.randn(len(counts), m, n, generator=g)
+        summed = G.grouped_wgrad_fp8(
+            dy.columnwise, x.columnwise, ends, dy.scale_inv, x.scale_inv, out=main.clone()
+        )
+        assert (summed.double() - main.double() - want).abs().max() <= tol + 1e-6, "added into the main grad"
+        for i, c in enumerate(counts):
+            if c == 0:  # TE leaves the main grad of an expert without rows as it was
+                assert torch.equal(summed[i], main[i]), ("empty, accumulated", i)
+
+
+@pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
+def test_group_casts_equal_the_emulators_codes_and_scales_in_tritons_interpreter():
+    """Per-expert amax, scale, scale_inv and E4M3 codes (rowwise, columnwise, each row's scale_inv;
+    weights' per-expert transposes) equal the emulator's CurrentScalingQuantizer on each expert's rows
+    at atol=0, with unaligned counts, empty experts, pow2 scales and an amax epsilon (skips without
+    triton)."""
+    in_triton_interpreter(
+        "from tests.test_grouped_fp8 import _codes_and_scales_equal_the_emulators as f; f()"
+    )
+
+
+@pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
+def test_fp8_wgrad_kernel_in_tritons_interpreter():
+    """The FP8 wgrad sums each expert's code products in fp32 times its two scale_inv, fresh and added
+    into a main grad, and leaves an empty expert's main grad untouched (skips without triton)."""
+    in_triton_interpreter("from tests.test_grouped_fp8 import _fp8_wgrad_sums_each_experts_codes as f; f()")
+
+
+def test_hybrid_gradients_are_refused_with_the_fix():
+    from harness.backends.grouped_fp8 import require_e4m3
+
+    require_e4m3("e4m3")
+    with pytest.raises(ValueError, match=r"set recipe.fp8=e4m3") as exc:
+        require_e4m3("hybrid")
+    assert "\n" not in str(exc.value)
