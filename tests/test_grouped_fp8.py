@@ -130,3 +130,37 @@ def test_hybrid_gradients_are_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"set recipe.fp8=e4m3") as exc:
         require_e4m3("hybrid")
     assert "\n" not in str(exc.value)
+
+
+def test_grouped_puts_tensorwise_groups_on_the_fp8_kernels_only():
+    from harness.backends.te_moe import KERNELS, expert_kernels
+    from harness.config.schema import RecipeConfig
+
+    tensorwise = RecipeConfig(name="tensorwise", fp8="e4m3")
+    assert expert_kernels("grouped", tensorwise) == "grouped_fp8" in KERNELS
+    assert expert_kernels("te", tensorwise) == "te"
+    for other in ("delayed", "blockwise", "mxfp8", "nvfp4"):
+        assert expert_kernels("grouped", RecipeConfig(name=other)) == "te", other
+
+
+@pytest.mark.parametrize("fp8", ["hybrid", "e4m3"])
+def test_grouped_tensorwise_needs_e4m3_gradients(fp8):
+    """backend.moe_experts=grouped under recipe=tensorwise: E5M2 gradients (hybrid, the default) are
+    refused in one line naming recipe.fp8=e4m3; all-E4M3 validates."""
+    from harness.config.errors import ConfigError
+    from harness.validation.load import compose_config, prepare
+
+    over = [
+        "model=qwen3_moe_tiny",
+        "hardware=h200",
+        "logger=none",
+        "backend=te",
+        "backend.moe_experts=grouped",
+    ]
+    cfg = compose_config([*over, "recipe=tensorwise", f"recipe.fp8={fp8}"])
+    if fp8 == "e4m3":
+        prepare(cfg)
+        return
+    with pytest.raises(ConfigError, match=r"recipe.fp8=hybrid: .* set recipe.fp8=e4m3") as exc:
+        prepare(cfg)
+    assert "\n" not in str(exc.value)
