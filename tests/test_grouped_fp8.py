@@ -12,7 +12,7 @@ from tests.helpers import in_triton_interpreter
 
 # (rows per expert, columns): unaligned counts, an empty expert first and in the middle, a column
 # count that is no multiple of the kernels' tile
-CASES = (([0, 37, 5, 100], 96), ([3, 0, 130, 17], 200))
+CASES = (([0, 37, 5, 100], 96), ([3, 0, 300, 17], 200))
 
 
 def group_rows(counts, cols, g):
@@ -35,20 +35,29 @@ def emulated(x_e, power_2, epsilon):
     return CurrentScalingQuantizer(E4M3, power_2, epsilon).quantize(x_e)
 
 
-def _codes_and_scales_equal_the_emulators() -> None:
+def _on_cpu(q):
+    from harness.backends.grouped_fp8 import GroupQuantized
+
+    return GroupQuantized(*(t.cpu() if t is not None else None for t in q))
+
+
+def _codes_and_scales_equal_the_emulators(device: str = "cpu", cases=CASES) -> None:
+    """The group casts on `device` against the emulator's quantizer on the CPU, expert by expert."""
     from harness.backends import grouped_fp8 as G
     from harness.numerics.scaling import scale_from_amax
 
     g = torch.Generator().manual_seed(0)
-    for (counts, cols), (power_2, epsilon) in zip(
-        CASES * 2, [(False, 0.0), (False, 0.0), (True, 0.0), (False, 4.0)]
-    ):
+    scalings = [(False, 0.0), (True, 0.0), (False, 4.0)]
+    for (counts, cols), (power_2, epsilon) in [(c, s) for s in scalings for c in cases]:
         x = group_rows(counts, cols, g)
         ends = torch.tensor(counts).cumsum(0).to(torch.int32)
-        q = G.quantize_group(x, ends, power_2=power_2, epsilon=epsilon, columnwise=True, row_scales=True)
-        start = 0
+        q = G.quantize_group(
+            x.to(device), ends.to(device), power_2=power_2, epsilon=epsilon, columnwise=True, row_scales=True
+        )
+        q, start = _on_cpu(q), 0
         for e, n in enumerate(counts):
             rows = slice(start, start + n)
+            start += n
             if n == 0:  # no rows: amax 0 and its scale (TE computes nothing for it; no GEMM reads it)
                 want = scale_from_amax(torch.zeros(1), 448.0, power_2=power_2, epsilon=epsilon)
                 assert q.amax[e] == 0 and q.scale[e] == want and q.scale_inv[e] == 1 / want, e
@@ -61,12 +70,11 @@ def _codes_and_scales_equal_the_emulators() -> None:
             assert torch.equal(q.rowwise[rows].view(torch.uint8), codes), ("rowwise", e)
             assert torch.equal(q.columnwise[:, rows].view(torch.uint8), codes.t()), ("columnwise", e)
             assert torch.all(q.row_scale_inv[rows] == ref.scale_inv.reshape(())), ("row scale_inv", e)
-            start += n
     w = (
         torch.randn(3, 48, 80, generator=g).to(torch.bfloat16)
         * torch.tensor([1.0, 1e-3, 40.0]).to(torch.bfloat16)[:, None, None]
     )
-    qw = G.quantize_weights(w, power_2=False, epsilon=0.0, columnwise=True)
+    qw = _on_cpu(G.quantize_weights(w.to(device), power_2=False, epsilon=0.0, columnwise=True))
     for e in range(3):
         ref = emulated(w[e], False, 0.0)
         codes = ref.q.view(torch.uint8).reshape(48, 80)
@@ -75,15 +83,21 @@ def _codes_and_scales_equal_the_emulators() -> None:
         assert torch.all(qw.row_scale_inv[e] == ref.scale_inv.reshape(())), ("weight scale_inv", e)
 
 
-def _fp8_wgrad_sums_each_experts_codes() -> None:
+def _fp8_wgrad_sums_each_experts_codes(device: str = "cpu") -> None:
+    """The FP8 wgrad kernel on `device` against fp64 sums of the dequantized codes on the CPU."""
     from harness.backends import grouped_fp8 as G
 
     g = torch.Generator().manual_seed(1)
-    for counts, (m, n) in (([0, 37, 5, 100], (96, 80)), ([3, 0, 17], (40, 24))):
-        ends = torch.tensor(counts).cumsum(0).to(torch.int32)
-        dy = G.quantize_group(group_rows(counts, m, g), ends, columnwise=True)
-        x = G.quantize_group(group_rows(counts, n, g), ends, columnwise=True)
-        stops = ends.tolist()
+    for counts, (m, n) in (([0, 37, 5, 100], (96, 80)), ([3, 0, 17, 300], (40, 24))):
+        ends = torch.tensor(counts).cumsum(0).to(torch.int32).to(device)
+        dy = G.quantize_group(group_rows(counts, m, g).to(device), ends, columnwise=True)
+        x = G.quantize_group(group_rows(counts, n, g).to(device), ends, columnwise=True)
+        got = G.grouped_wgrad_fp8(dy.columnwise, x.columnwise, ends, dy.scale_inv, x.scale_inv).cpu()
+        main = torch.randn(len(counts), m, n, generator=g)
+        summed = G.grouped_wgrad_fp8(
+            dy.columnwise, x.columnwise, ends, dy.scale_inv, x.scale_inv, out=main.clone().to(device)
+        ).cpu()
+        dy, x, stops = _on_cpu(dy), _on_cpu(x), ends.tolist()
         want = torch.stack(
             [
                 (dy.columnwise[:, s - c : s].double() @ x.columnwise[:, s - c : s].double().t())
@@ -91,14 +105,9 @@ def _fp8_wgrad_sums_each_experts_codes() -> None:
                 for e, (c, s) in enumerate(zip(counts, stops))
             ]
         )
-        got = G.grouped_wgrad_fp8(dy.columnwise, x.columnwise, ends, dy.scale_inv, x.scale_inv)
         tol = 1e-6 * want.abs().max()
         assert got.dtype == torch.float32 and (got.double() - want).abs().max() <= tol, "fresh"
         assert all(torch.count_nonzero(got[i]) == 0 for i, c in enumerate(counts) if c == 0), "empty, fresh"
-        main = torch.randn(len(counts), m, n, generator=g)
-        summed = G.grouped_wgrad_fp8(
-            dy.columnwise, x.columnwise, ends, dy.scale_inv, x.scale_inv, out=main.clone()
-        )
         assert (summed.double() - main.double() - want).abs().max() <= tol + 1e-6, "added into the main grad"
         for i, c in enumerate(counts):
             if c == 0:  # TE leaves the main grad of an expert without rows as it was

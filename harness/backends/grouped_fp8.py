@@ -198,7 +198,9 @@ if triton is not None:
             ).to(tl.float8e4nv, bitcast=True)
             if UPCAST:  # Triton's CPU interpreter: fp32 products of E4M3 codes are exact
                 a, b = a.to(tl.float32), b.to(tl.float32)
-            acc = tl.dot(a, tl.trans(b), acc)
+            # fp32 partial sums promoted after every MMA instruction (TE's wgrad: split accumulator;
+            # Triton's default on sm_90 never promotes FP8 products, as fast accumulation)
+            acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=0)
         acc = acc * (tl.load(dy_sinv_ptr + e) * tl.load(x_sinv_ptr + e))
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         out = out_ptr + e.to(tl.int64) * M * N + rm[:, None] * N + rn[None, :]
