@@ -173,3 +173,36 @@ def test_grouped_tensorwise_needs_e4m3_gradients(fp8):
     with pytest.raises(ConfigError, match=r"recipe.fp8=hybrid: .* set recipe.fp8=e4m3") as exc:
         prepare(cfg)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.slow  # Triton runs ptxas
+def test_kernels_compile_for_hopper_and_the_wgrad_promotes_on_wgmma():
+    """The kernels compile for sm_90 without a GPU; the FP8 wgrad's MMAs are wgmma on E4M3 operands
+    with fp32 promotion of their partial sums (add.f32 in the loop), not fp16 mma.sync (what
+    max_num_imprecise_acc=0 gives) nor never-promoted fast accumulation (Triton's default)."""
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from harness.backends import grouped_fp8 as G
+
+    def compile_(fn, types: dict, consts: dict, **options):
+        sig = {**types, **dict.fromkeys(consts, "constexpr")}
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+    rows = {"ends_ptr": "*i32", "K": "i32"}
+    amax = {"IBITS": tl.int16, "MASK": 0x7FFF, "INF": 0x7F80, "SPLIT": 4, "BR": 64, "BC": 128}
+    compile_(G._amax_kernel, {"x_ptr": "*i16", "out_ptr": "*i16", **rows}, amax)
+    f32 = {"scale_ptr": "*fp32", "sinv_ptr": "*fp32", "row_sinv_ptr": "*fp32", "M": "i32"}
+    cast = {"x_ptr": "*bf16", "row_ptr": "*u8", "col_ptr": "*u8", **rows, **f32}
+    for per_expert in (False, True):
+        flags = {"ROWWISE": True, "COLUMNWISE": True, "PER_EXPERT_T": per_expert, "ROW_SCALES": True}
+        compile_(G._cast_kernel, cast, {**flags, "SPLIT": 4, "BR": 64, "BC": 128}, enable_fp_fusion=False)
+    wgrad = {"dyt_ptr": "*fp8e4nv", "xt_ptr": "*fp8e4nv", "ends_ptr": "*i32", "dy_sinv_ptr": "*fp32"}
+    wgrad |= {"x_sinv_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32", "R": "i32"}
+    tiles = {"ACCUMULATE": True, "UPCAST": False, "BM": 128, "BN": 128, "BK": 128}
+    ptx = compile_(G._wgrad_kernel, wgrad, tiles, num_warps=8, num_stages=4).asm["ptx"]
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx and "mma.sync" not in ptx
+    assert "add.f32" in ptx  # the partial sums promoted into the fp32 accumulator

@@ -28,8 +28,9 @@ passes over the whole group, and the GEMMs are grouped:
   GEMMs write), fast accumulation in fprop only (TE's Float8CurrentScaling: fp8_gemm_fprop without
   split accumulator, dgrad and wgrad with it; common/recipe/__init__.py L307-L309); wgrad
   dW_e = dy_e^T x_e by `grouped_wgrad_fp8`, a Triton kernel over the columnwise codes (the copies
-  TE's wgrad reads) that sums the exact code products in fp32, multiplies by the two experts'
-  scale_inv and adds the result into the fp32 `main_grad` (TE's wgrad with
+  TE's wgrad reads) on Hopper's FP8 MMA, its partial sums promoted into an fp32 accumulator every
+  128 products (TE's wgrad runs without fast accumulation), times the two experts' scale_inv, added
+  into the fp32 `main_grad` (TE's wgrad with
   fuse_wgrad_accumulation accumulates there in fp32, module/grouped_linear.py L1448-L1469; a
   BF16-rounded wgrad failed a loss check, RESULTS.md).
 
@@ -99,14 +100,14 @@ if triton is not None:
         e, c, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         start, end = _rows_of(ends_ptr, e)
         cols = c * BC + tl.arange(0, BC)
-        m = tl.zeros((BR, BC), dtype=IBITS)
+        m = tl.zeros((BR, BC), dtype=tl.int32)  # |x| bit patterns, widened: one loop-carried type
         for r0 in range(start + s * BR, end, SPLIT * BR):
             rows = r0 + tl.arange(0, BR)
             inside = (rows < end)[:, None] & (cols < K)[None, :]
             bits = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=inside, other=0)
-            m = tl.maximum(m, triton_amax.abs_bits(bits, MASK, INF))
+            m = tl.maximum(m, triton_amax.abs_bits(bits, MASK, INF).to(tl.int32))
         amax = tl.max(tl.max(m, axis=1), axis=0)
-        tl.store(out_ptr + e * tl.num_programs(1) * SPLIT + c * SPLIT + s, amax)
+        tl.store(out_ptr + e * tl.num_programs(1) * SPLIT + c * SPLIT + s, amax.to(IBITS))
 
     @triton.jit
     def _cast_kernel(
@@ -174,7 +175,7 @@ if triton is not None:
         BK: tl.constexpr,
     ):
         """out[e] (+)= (dyT[:, rows of e] @ xT[:, rows of e]^T) * dy_sinv[e] * x_sinv[e] in fp32,
-        from E4M3 codes (dyT (M, R), xT (N, R) as uint8); program (tile, expert). An expert
+        from E4M3 codes dyT (M, R), xT (N, R); program (tile, expert). An expert
         without rows leaves an accumulated `out` untouched (TE's main grad) and zeroes a fresh one."""
         e = tl.program_id(1)
         tile = tl.program_id(0)
@@ -189,18 +190,20 @@ if triton is not None:
             a = tl.load(
                 dyt_ptr + rm.to(tl.int64)[:, None] * R + rk[None, :],
                 mask=(rm[:, None] < M) & in_k[None, :],
-                other=0,
-            ).to(tl.float8e4nv, bitcast=True)
+                other=0.0,
+            )
             b = tl.load(
                 xt_ptr + rn.to(tl.int64)[:, None] * R + rk[None, :],
                 mask=(rn[:, None] < N) & in_k[None, :],
-                other=0,
-            ).to(tl.float8e4nv, bitcast=True)
+                other=0.0,
+            )
             if UPCAST:  # Triton's CPU interpreter: fp32 products of E4M3 codes are exact
                 a, b = a.to(tl.float32), b.to(tl.float32)
-            # fp32 partial sums promoted after every MMA instruction (TE's wgrad: split accumulator;
-            # Triton's default on sm_90 never promotes FP8 products, as fast accumulation)
-            acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=0)
+            # Hopper's FP8 MMA keeps a narrower accumulator; its partial sums are added into the
+            # fp32 `acc` every BK (128) products, as TE's wgrad does not use fast accumulation
+            # (split accumulator). Triton's sm_90 default never promotes (fast accumulation); 0
+            # would promote but leaves wgmma for fp16 mma.sync (seen in the sm_90 PTX).
+            acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BK)
         acc = acc * (tl.load(dy_sinv_ptr + e) * tl.load(x_sinv_ptr + e))
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         out = out_ptr + e.to(tl.int64) * M * N + rm[:, None] * N + rn[None, :]
@@ -346,8 +349,7 @@ def grouped_wgrad_fp8(
     def grid(meta):
         return (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]), experts)
 
-    u8 = torch.uint8
-    args = (dy_t.view(u8), x_t.view(u8), ends, dy_scale_inv, x_scale_inv, out, m, n, r)
+    args = (dy_t, x_t, ends, dy_scale_inv, x_scale_inv, out, m, n, r)
     if dy_t.is_cuda:
         _wgrad_tuned[grid](*args, ACCUMULATE=accumulate, UPCAST=False)
     else:  # Triton's CPU interpreter (the tests): one small tile, nothing to time
