@@ -114,6 +114,61 @@ def _fp8_wgrad_sums_each_experts_codes(device: str = "cpu") -> None:
                 assert torch.equal(summed[i], main[i]), ("empty, accumulated", i)
 
 
+def _fp8_linear_multiplies_the_emulators_codes(device: str = "cpu") -> None:
+    """FP8GroupedLinear's y, dx and main grad (and .grad without one) against fp64 GEMMs of each
+    expert's emulator codes times scale_inv: y and dx within one BF16 ulp of the tensor's largest value
+    (the same products, summed in another order, rounded to BF16), dW within 1e-6 of its largest."""
+    from harness.backends.grouped_fp8 import FP8GroupedLinear
+
+    g = torch.Generator().manual_seed(2)
+    counts, (n_out, k_in) = [16, 0, 32, 48], (48, 64)
+    x, dy = group_rows(counts, k_in, g), group_rows(counts, n_out, g)
+    w = (torch.randn(len(counts), n_out, k_in, generator=g) * 0.05).to(torch.bfloat16)
+    ends = torch.tensor(counts).cumsum(0).to(torch.int32)
+    y_ref, dx_ref, dw_ref, start = [], [], [], 0
+    for e, n in enumerate(counts):
+        rows = slice(start, start + n)
+        start += n
+        if n == 0:  # no GEMM rows; a zero wgrad
+            dw_ref.append(torch.zeros(n_out, k_in, dtype=torch.float64))
+            continue
+        xd, dyd, wd = (emulated(t, False, 0.0).dequantize().double() for t in (x[rows], dy[rows], w[e]))
+        y_ref.append(xd @ wd.t())
+        dx_ref.append(dyd @ wd)
+        dw_ref.append(dyd.t() @ xd)
+    y_ref, dx_ref, dw_ref = torch.cat(y_ref), torch.cat(dx_ref), torch.stack(dw_ref)
+
+    def close(got, want, ulps):
+        return (got.double() - want).abs().max() <= ulps * 2.0 ** (torch.log2(want.abs().max()).floor() - 7)
+
+    for main_grad in (True, False):
+        xi = x.to(device, copy=True).requires_grad_(True)
+        wi = w.to(device, copy=True).requires_grad_(True)
+        if main_grad:
+            wi.main_grad = torch.zeros(wi.shape, device=device)
+        y = FP8GroupedLinear.apply(xi, wi, ends.to(device), False, 0.0)
+        y.backward(dy.to(device))
+        assert y.dtype == torch.bfloat16 and close(y.cpu(), y_ref, 1), "y"
+        assert close(xi.grad.cpu(), dx_ref, 1), "dx"
+        if main_grad:
+            assert wi.grad is None, "the wgrad goes to main_grad only"
+            dw = wi.main_grad.cpu()
+            assert (dw.double() - dw_ref).abs().max() <= 1e-6 * dw_ref.abs().max(), "main grad"
+            assert torch.count_nonzero(dw[1]) == 0, "an expert without rows"
+        else:
+            assert wi.grad.dtype == torch.bfloat16 and close(wi.grad.cpu(), dw_ref, 1), "dw"
+
+
+@pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
+def test_fp8_linear_multiplies_the_emulators_codes_in_tritons_interpreter():
+    """The autograd function's wiring (which copy and which scale_inv each GEMM takes, the wgrad into
+    main_grad) on the CPU, the GEMMs by the CPU stand-in for torch._scaled_grouped_mm (skips without
+    triton; the real GEMMs in tests/test_grouped_fp8_gpu.py)."""
+    in_triton_interpreter(
+        "from tests.test_grouped_fp8 import _fp8_linear_multiplies_the_emulators_codes as f; f()"
+    )
+
+
 @pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
 def test_group_casts_equal_the_emulators_codes_and_scales_in_tritons_interpreter():
     """Per-expert amax, scale, scale_inv and E4M3 codes (rowwise, columnwise, each row's scale_inv;

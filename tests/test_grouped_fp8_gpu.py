@@ -20,6 +20,7 @@ from tests.helpers import compose_cfg, needs_cuda, needs_te
 from tests.test_grouped_fp8 import (
     CASES,
     _codes_and_scales_equal_the_emulators,
+    _fp8_linear_multiplies_the_emulators_codes,
     _fp8_wgrad_sums_each_experts_codes,
 )
 
@@ -37,6 +38,12 @@ def test_compiled_group_casts_equal_the_emulators_codes_and_scales():
 
 def test_compiled_fp8_wgrad_sums_each_experts_codes():
     _fp8_wgrad_sums_each_experts_codes("cuda")
+
+
+def test_fp8_linear_multiplies_the_emulators_codes_on_scaled_grouped_mm():
+    """FP8GroupedLinear on torch._scaled_grouped_mm: y and dx within one BF16 ulp of fp64 GEMMs of the
+    emulator's dequantized codes, the main grad within 1e-6 (the CPU test's check, on CUDA)."""
+    _fp8_linear_multiplies_the_emulators_codes("cuda")
 
 
 def _group(kernels: str, fc: str, weight: torch.Tensor, recipe: list[str]):

@@ -357,11 +357,33 @@ def grouped_wgrad_fp8(
     return out
 
 
+def scaled_grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    ends: torch.Tensor,
+    fast_accum: bool,
+) -> torch.Tensor:
+    """Row i of expert e: out[i, j] = (a[i] . b[e][:, j]) * scale_a[i] * scale_b[e, j], BF16; a (M, K)
+    E4M3 row-major, b (E, K, N) E4M3 column-major. torch._scaled_grouped_mm on CUDA; on the CPU
+    (Triton's interpreter tests: torch has no CPU kernel for it) the same products in fp32."""
+    if a.is_cuda:
+        return torch._scaled_grouped_mm(
+            a, b, scale_a, scale_b, offs=ends, out_dtype=BF16, use_fast_accum=fast_accum
+        )
+    out, start = [], 0
+    for e, end in enumerate(ends.tolist()):
+        out.append((a[start:end].float() @ b[e].float()) * scale_a[start:end, None] * scale_b[e])
+        start = end
+    return torch.cat(out).to(BF16)
+
+
 class FP8GroupedLinear(torch.autograd.Function):
     """y = x W_e^T on each expert's rows, every operand E4M3 with its own per-expert current scale:
-    fprop and dgrad by torch._scaled_grouped_mm, wgrad by grouped_wgrad_fp8. With an fp32
-    `weight.main_grad` the wgrad is added there and no `.grad` is returned (TE's fused wgrad
-    accumulation); else the fp32 wgrad, rounded to the weight's dtype, is the weight's grad.
+    fprop and dgrad by torch._scaled_grouped_mm (`scaled_grouped_mm`), wgrad by grouped_wgrad_fp8.
+    With an fp32 `weight.main_grad` the wgrad is added there and no `.grad` is returned (TE's fused
+    wgrad accumulation); else the fp32 wgrad, rounded to the weight's dtype, is the weight's grad.
     `power_2`, `epsilon`: the recipe's power_2_scales and amax_epsilon (one value for all roles,
     as lowp's recipe has)."""
 
@@ -371,14 +393,13 @@ class FP8GroupedLinear(torch.autograd.Function):
         q = dict(power_2=power_2, epsilon=epsilon)
         xq = quantize_group(x, ends, columnwise=wgrad, row_scales=True, **q)
         wq = quantize_weights(weight, columnwise=dgrad, **q)
-        y = torch._scaled_grouped_mm(
+        y = scaled_grouped_mm(  # W_e^T: the rowwise (N, K) codes seen column-major
             xq.rowwise,
             wq.rowwise.transpose(-2, -1),
             xq.row_scale_inv,
             wq.row_scale_inv,
-            offs=ends,
-            out_dtype=BF16,
-            use_fast_accum=True,  # TE's fp8_gemm_fprop: no split accumulator
+            ends,
+            fast_accum=True,  # TE's fp8_gemm_fprop: no split accumulator
         )
         ctx.save_for_backward(xq.columnwise, xq.scale_inv, wq.columnwise, wq.scale_inv, ends)
         ctx.weight, ctx.q = weight, q
@@ -392,14 +413,13 @@ class FP8GroupedLinear(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             experts, k, _ = w_t.shape
-            dx = torch._scaled_grouped_mm(
+            dx = scaled_grouped_mm(
                 dyq.rowwise,
                 w_t.transpose(-2, -1),  # (E, N, K), column-major: W_e as dgrad's operand
                 dyq.row_scale_inv,
                 w_sinv[:, None].expand(experts, k).contiguous(),
-                offs=ends,
-                out_dtype=BF16,
-                use_fast_accum=False,
+                ends,
+                fast_accum=False,
             )
         if wgrad:
             main_grad = getattr(weight, "main_grad", None)
