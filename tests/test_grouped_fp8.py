@@ -248,12 +248,22 @@ def test_kernels_compile_for_hopper_and_the_wgrad_promotes_on_wgmma():
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
     rows = {"ends_ptr": "*i32", "K": "i32"}
-    amax = {"IBITS": tl.int16, "MASK": 0x7FFF, "INF": 0x7F80, "SPLIT": 4, "BR": 64, "BC": 128}
-    compile_(G._amax_kernel, {"x_ptr": "*i16", "out_ptr": "*i16", **rows}, amax)
-    f32 = {"scale_ptr": "*fp32", "sinv_ptr": "*fp32", "row_sinv_ptr": "*fp32", "M": "i32"}
+    amax = {
+        "DTYPE": tl.bfloat16,
+        "IBITS": tl.int16,
+        "MASK": 0x7FFF,
+        "INF": 0x7F80,
+        "SPLIT": 4,
+        "BR": 64,
+        "BC": 128,
+    }
+    compile_(G._amax_kernel, {"x_ptr": "*i16", "out_ptr": "*i32", **rows}, amax)
+    f32 = {"amax_ptr": "*fp32", "scale_ptr": "*fp32", "sinv_ptr": "*fp32", "row_sinv_ptr": "*fp32"}
+    f32 |= {"M": "i32", "eps": "fp32"}
     cast = {"x_ptr": "*bf16", "row_ptr": "*u8", "col_ptr": "*u8", **rows, **f32}
     for per_expert in (False, True):
         flags = {"ROWWISE": True, "COLUMNWISE": True, "PER_EXPERT_T": per_expert, "ROW_SCALES": True}
+        flags |= {"HAS_EPS": per_expert, "POW2": per_expert}
         compile_(G._cast_kernel, cast, {**flags, "SPLIT": 4, "BR": 64, "BC": 128}, enable_fp_fusion=False)
     wgrad = {"dyt_ptr": "*fp8e4nv", "xt_ptr": "*fp8e4nv", "ends_ptr": "*i32", "dy_sinv_ptr": "*fp32"}
     wgrad |= {"x_sinv_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32", "R": "i32"}

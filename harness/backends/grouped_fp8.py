@@ -9,14 +9,15 @@ passes over the whole group, and the GEMMs are grouped:
 
 - `group_amax`: each expert's amax over its own rows (rows grouped by expert, `ends` cumulative
   int32 as in harness.backends.grouped_gemm): an integer max over the |x| bit patterns with NaN
-  patterns zeroed (harness.numerics.triton_amax), exact in any order.
-- `group_scales`: each expert's scale and scale_inv from its amax by the emulator's own functions
-  (harness.numerics.scaling.scale_from_amax, reciprocal): fp8max 448 / max(amax, epsilon) in IEEE
-  fp32, 1 where the amax is 0, Inf or NaN, optionally a power of two (TE's compute_scale_from_amax,
-  docs/numerics.md §3). An expert without rows gets amax 0 and the scale the rule gives it (1, or
-  448 / epsilon): TE computes nothing for it (its quantizer returns before the amax,
-  docs/numerics_grouped.md §4), and no GEMM reads it.
-- `group_cast`: each expert's rows times its scale in fp32, saturated to +-448 and rounded to
+  patterns zeroed (harness.numerics.triton_amax), then an atomic integer max of each program's
+  fp32 bits into the expert's slot: exact in any order.
+- `group_cast`: each expert's scale and scale_inv from its amax, computed in the cast kernel as the
+  emulator computes them (harness.numerics.scaling.scale_from_amax, reciprocal): fp8max 448 /
+  max(amax, epsilon) in IEEE fp32, FLT_MAX where that overflows, 1 where the amax is 0, Inf or NaN,
+  optionally a power of two (TE's compute_scale_from_amax, docs/numerics.md §3); an expert without
+  rows gets amax 0 and the scale the rule gives it (1, or 448 / epsilon): TE computes nothing for it
+  (its quantizer returns before the amax, docs/numerics_grouped.md §4), and no GEMM reads it. Then
+  each expert's rows times its scale in fp32, saturated to +-448 and rounded to
   nearest even on the E4M3 grid (harness.numerics.triton_cast's arithmetic, the emulator's
   `cast_fp8`), written as the rowwise codes and, where a wgrad or dgrad needs them, the columnwise
   copy: the byte transpose (one scale per expert and tensor, so TE's columnwise copy is the
@@ -41,12 +42,12 @@ outputs agree with TE's to fp32 accumulation-order differences. Only E4M3 operan
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 
-from harness.numerics.formats import ABS_BITS, E4M3
-from harness.numerics.scaling import reciprocal, scale_from_amax
+from harness.numerics.formats import ABS_BITS
 
 try:  # optional: only the CUDA path needs it
     import triton
@@ -88,6 +89,7 @@ if triton is not None:
         ends_ptr,
         out_ptr,
         K,
+        DTYPE: tl.constexpr,
         IBITS: tl.constexpr,
         MASK: tl.constexpr,
         INF: tl.constexpr,
@@ -95,8 +97,8 @@ if triton is not None:
         BR: tl.constexpr,
         BC: tl.constexpr,
     ):
-        """out[e, c * SPLIT + s] = max |x| bits over expert e's rows s, s + SPLIT, ... (in BR-row
-        steps) and columns tile c; program (e, c, s)."""
+        """out[e] (int32, zeroed, read as fp32) = max |x| over expert e's rows; program (e, c, s) reads
+        the rows s, s + SPLIT, ... (in BR-row steps) of column tile c and max-es its fp32 bits in."""
         e, c, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         start, end = _rows_of(ends_ptr, e)
         cols = c * BC + tl.arange(0, BC)
@@ -106,13 +108,26 @@ if triton is not None:
             inside = (rows < end)[:, None] & (cols < K)[None, :]
             bits = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=inside, other=0)
             m = tl.maximum(m, triton_amax.abs_bits(bits, MASK, INF).to(tl.int32))
-        amax = tl.max(tl.max(m, axis=1), axis=0)
-        tl.store(out_ptr + e * tl.num_programs(1) * SPLIT + c * SPLIT + s, amax.to(IBITS))
+        amax = triton_cast._f32(tl.max(tl.max(m, axis=1), axis=0).to(IBITS).to(DTYPE, bitcast=True))
+        tl.atomic_max(out_ptr + e, amax.to(tl.int32, bitcast=True))  # non-negative: bits order as values
+
+    @triton.jit
+    def _scale_from_amax(a, eps, HAS_EPS: tl.constexpr, POW2: tl.constexpr):
+        """scaling.scale_from_amax(a, 448, power_2=POW2, epsilon=eps) of one fp32 amax."""
+        if HAS_EPS:
+            a = tl.where(a < eps, eps, a)
+        scale = tl.math.div_rn(448.0, a)
+        scale = tl.where(scale > 3.4028234663852886e38, 3.4028234663852886e38, scale)  # Inf -> FLT_MAX
+        scale = tl.where((a > 3.4028234663852886e38) | (a == 0) | (a != a), 1.0, scale)
+        if POW2:
+            scale = (triton_cast._bits_f32(scale) & -8388608).to(tl.float32, bitcast=True)  # & 0xFF800000
+        return scale
 
     @triton.jit
     def _cast_kernel(
         x_ptr,
         ends_ptr,
+        amax_ptr,
         scale_ptr,
         sinv_ptr,
         row_ptr,
@@ -120,6 +135,9 @@ if triton is not None:
         row_sinv_ptr,
         M,
         K,
+        eps,
+        HAS_EPS: tl.constexpr,
+        POW2: tl.constexpr,
         ROWWISE: tl.constexpr,
         COLUMNWISE: tl.constexpr,
         PER_EXPERT_T: tl.constexpr,
@@ -128,13 +146,18 @@ if triton is not None:
         BR: tl.constexpr,
         BC: tl.constexpr,
     ):
-        """Expert e's rows (s, s + SPLIT, ... in BR-row steps), columns tile c, cast with scale[e]:
-        rowwise codes at [row, col] of (M, K); columnwise at [col, row] of (K, M), or with
-        PER_EXPERT_T at [col, row - start] of expert e's own (K, end - start) block; each row's
-        scale_inv[e] (ROW_SCALES, written by the first column tile)."""
+        """Expert e's scale and scale_inv from amax[e] (written by program (e, 0, 0)); its rows (s,
+        s + SPLIT, ... in BR-row steps), columns tile c, cast with that scale: rowwise codes at
+        [row, col] of (M, K); columnwise at [col, row] of (K, M), or with PER_EXPERT_T at
+        [col, row - start] of expert e's own (K, end - start) block; each row's scale_inv
+        (ROW_SCALES, written by the first column tile)."""
         e, c, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         start, end = _rows_of(ends_ptr, e)
-        scale = tl.load(scale_ptr + e)
+        scale = _scale_from_amax(tl.load(amax_ptr + e), eps, HAS_EPS, POW2)
+        sinv = tl.math.div_rn(1.0, scale)
+        if (c == 0) & (s == 0):
+            tl.store(scale_ptr + e, scale)
+            tl.store(sinv_ptr + e, sinv)
         cols = c * BC + tl.arange(0, BC)
         if PER_EXPERT_T:
             base, ld = start.to(tl.int64) * K, end - start
@@ -153,9 +176,10 @@ if triton is not None:
                 at = base + cols.to(tl.int64)[None, :] * ld + (rows - start)[:, None]
                 tl.store(col_ptr + at, q, mask=inside)
             if ROW_SCALES:
-                sinv = tl.load(sinv_ptr + e) + tl.zeros((BR,), dtype=tl.float32)
                 first_tile = rows * 0 + c == 0  # block-shaped: the interpreter rejects a scalar mask
-                tl.store(row_sinv_ptr + rows, sinv, mask=(rows < end) & first_tile)
+                tl.store(
+                    row_sinv_ptr + rows, sinv + tl.zeros((BR,), tl.float32), mask=(rows < end) & first_tile
+                )
 
     @triton.jit
     def _wgrad_kernel(
@@ -243,46 +267,52 @@ def group_amax(x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     itype, mask, inf = ABS_BITS[x.dtype]
     experts, k = ends.numel(), x.shape[1]
-    ctiles = triton.cdiv(k, COLS)
-    partial = torch.empty(experts, ctiles * SPLIT, dtype=itype, device=x.device)
-    tl_int = {torch.int16: tl.int16, torch.int32: tl.int32}[itype]
-    _amax_kernel[(experts, ctiles, SPLIT)](
-        x.view(itype), ends, partial, k, IBITS=tl_int, MASK=mask, INF=inf, SPLIT=SPLIT, BR=ROWS, BC=COLS
-    )
-    return partial.amax(dim=1).view(x.dtype).float()
+    amax = torch.zeros(experts, dtype=torch.int32, device=x.device)
+    _amax_kernel[(experts, triton.cdiv(k, COLS), SPLIT)](
+        x.view(itype), ends, amax, k, DTYPE=_TL[x.dtype], IBITS=_TL[itype], MASK=mask, INF=inf,
+        SPLIT=SPLIT, BR=ROWS, BC=COLS,
+    )  # fmt: skip
+    return amax.view(torch.float32)
 
 
-def group_scales(amax: torch.Tensor, *, power_2: bool, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, scale_inv) per expert: the emulator's current scaling (tensorwise.current_scale) in E4M3."""
-    scale = scale_from_amax(amax, E4M3.max, power_2=power_2, epsilon=epsilon)
-    return scale, reciprocal(scale)
+_TL = {} if triton is None else {
+    torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32,
+    torch.int16: tl.int16, torch.int32: tl.int32,
+}  # fmt: skip
 
 
 def group_cast(
     x: torch.Tensor,
     ends: torch.Tensor,
-    scale: torch.Tensor,
-    scale_inv: torch.Tensor,
+    amax: torch.Tensor,
     *,
+    power_2: bool = False,
+    epsilon: float = 0.0,
     rowwise: bool = True,
     columnwise: bool = False,
     per_expert_t: bool = False,
     row_scales: bool = False,
 ):
-    """E4M3 codes of x (M, K) with expert e's rows times scale[e]: (rowwise (M, K), columnwise (K, M)
-    or with `per_expert_t` (E, K, M / E), row scale_inv (M,)), each None where not asked for."""
+    """Each expert's scale and scale_inv (E,) from its amax, and the E4M3 codes of x (M, K) with expert
+    e's rows times its scale: (scale, scale_inv, rowwise (M, K), columnwise (K, M) or with
+    `per_expert_t` (E, K, M / E), row scale_inv (M,)), the last three None where not asked for."""
     x = x.contiguous()
     m, k = x.shape
     experts = ends.numel()
-    dev, u8 = x.device, torch.uint8
+    dev, u8, f32 = x.device, torch.uint8, torch.float32
+    scale, scale_inv = (
+        torch.empty(experts, dtype=f32, device=dev),
+        torch.empty(experts, dtype=f32, device=dev),
+    )
     row = torch.empty(m, k, dtype=u8, device=dev) if rowwise else None
     col = torch.empty(k * m, dtype=u8, device=dev) if columnwise else None
-    row_sinv = torch.empty(m, dtype=torch.float32, device=dev) if row_scales else None
+    row_sinv = torch.empty(m, dtype=f32, device=dev) if row_scales else None
     dummy = torch.empty(1, dtype=u8, device=dev)
     _cast_kernel[(experts, triton.cdiv(k, COLS), SPLIT)](
-        x, ends, scale, scale_inv,
-        row if rowwise else dummy, col if columnwise else dummy,
-        row_sinv if row_scales else scale_inv, m, k,
+        x, ends, amax, scale, scale_inv,
+        row if rowwise else dummy, col if columnwise else dummy, row_sinv if row_scales else scale_inv,
+        m, k, float(epsilon),
+        HAS_EPS=epsilon > 0, POW2=power_2,
         ROWWISE=rowwise, COLUMNWISE=columnwise, PER_EXPERT_T=per_expert_t, ROW_SCALES=row_scales,
         SPLIT=SPLIT, BR=ROWS, BC=COLS, enable_fp_fusion=False,
     )  # fmt: skip
@@ -290,7 +320,7 @@ def group_cast(
     if col is not None:
         col = col.view(experts, k, m // experts) if per_expert_t else col.view(k, m)
         col = col.view(fp8)
-    return (row.view(fp8) if row is not None else None), col, row_sinv
+    return scale, scale_inv, (row.view(fp8) if row is not None else None), col, row_sinv
 
 
 def quantize_group(
@@ -304,14 +334,19 @@ def quantize_group(
     per_expert_t: bool = False,
     row_scales: bool = False,
 ) -> GroupQuantized:
-    """Per-expert current scaling of x (M, K), rows grouped by expert: amax, scales, casts."""
+    """Per-expert current scaling of x (M, K), rows grouped by expert: amax, then scales and casts."""
     amax = group_amax(x, ends)
-    scale, scale_inv = group_scales(amax, power_2=power_2, epsilon=epsilon)
-    row, col, row_sinv = group_cast(
-        x, ends, scale, scale_inv,
+    scale, scale_inv, row, col, row_sinv = group_cast(
+        x, ends, amax, power_2=power_2, epsilon=epsilon,
         rowwise=rowwise, columnwise=columnwise, per_expert_t=per_expert_t, row_scales=row_scales,
     )  # fmt: skip
     return GroupQuantized(row, col, amax, scale, scale_inv, row_sinv)
+
+
+@functools.lru_cache(maxsize=64)
+def _weight_ends(experts: int, n: int, device: torch.device) -> torch.Tensor:
+    """Each expert's end row in a (E * N, K) weight view (a few per model: built once)."""
+    return torch.arange(1, experts + 1, device=device, dtype=torch.int32) * n
 
 
 def quantize_weights(
@@ -320,7 +355,7 @@ def quantize_weights(
     """Each expert's weight (E, N, K) quantized on its own (TE's quantize_weight per expert):
     rowwise (E, N, K) with row scale_inv (E, N), columnwise (E, K, N) when asked for."""
     experts, n, k = weight.shape
-    ends = torch.arange(1, experts + 1, device=weight.device, dtype=torch.int32) * n
+    ends = _weight_ends(experts, n, weight.device)
     q = quantize_group(
         weight.reshape(experts * n, k), ends, power_2=power_2, epsilon=epsilon,
         columnwise=columnwise, per_expert_t=True, row_scales=True,
