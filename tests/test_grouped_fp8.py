@@ -47,9 +47,13 @@ def _codes_and_scales_equal_the_emulators(device: str = "cpu", cases=CASES) -> N
     from harness.numerics.scaling import scale_from_amax
 
     g = torch.Generator().manual_seed(0)
+    edge = torch.randn(12, 32, generator=g)
+    edge[:4] *= 2.0**-133  # expert 0: a subnormal amax, 448 / amax overflows (scale FLT_MAX)
+    edge[5, 3], edge[9, 7] = float("inf"), float("nan")  # expert 1: amax Inf (scale 1); 2: a NaN
+    groups = [(group_rows(c, k, g), c) for c, k in cases] + [(edge.to(torch.bfloat16), [4, 4, 4])]
     scalings = [(False, 0.0), (True, 0.0), (False, 4.0)]
-    for (counts, cols), (power_2, epsilon) in [(c, s) for s in scalings for c in cases]:
-        x = group_rows(counts, cols, g)
+    for (x, counts), (power_2, epsilon) in [(c, s) for s in scalings for c in groups]:
+        cols = x.shape[1]
         ends = torch.tensor(counts).cumsum(0).to(torch.int32)
         q = G.quantize_group(
             x.to(device), ends.to(device), power_2=power_2, epsilon=epsilon, columnwise=True, row_scales=True
