@@ -443,10 +443,10 @@ class FP8GroupedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x_t, x_sinv, w_t, w_sinv, ends = ctx.saved_tensors
-        weight, wgrad = ctx.weight, ctx.needs_input_grad[1]
-        dyq = quantize_group(dy, ends, columnwise=wgrad, row_scales=ctx.needs_input_grad[0], **ctx.q)
+        weight, (dgrad, wgrad) = ctx.weight, ctx.needs_input_grad[:2]
+        dyq = quantize_group(dy, ends, rowwise=dgrad, columnwise=wgrad, row_scales=dgrad, **ctx.q)
         dx = dw = None
-        if ctx.needs_input_grad[0]:
+        if dgrad:
             experts, k, _ = w_t.shape
             dx = scaled_grouped_mm(
                 dyq.rowwise,
