@@ -161,6 +161,12 @@ def _fp8_linear_multiplies_the_emulators_codes(device: str = "cpu") -> None:
             assert torch.count_nonzero(dw[1]) == 0, "an expert without rows"
         else:
             assert wi.grad.dtype == torch.bfloat16 and close(wi.grad.cpu(), dw_ref, 1), "dw"
+    wi = w.to(device, copy=True).requires_grad_(True)  # an input without grad: the wgrad only
+    FP8GroupedLinear.apply(x.to(device), wi, ends.to(device), False, 0.0).backward(dy.to(device))
+    assert close(wi.grad.cpu(), dw_ref, 1), "wgrad only"
+    xi = x.to(device, copy=True).requires_grad_(True)  # a frozen weight: the dgrad only
+    FP8GroupedLinear.apply(xi, w.to(device), ends.to(device), False, 0.0).backward(dy.to(device))
+    assert close(xi.grad.cpu(), dx_ref, 1), "dgrad only"
 
 
 @pytest.mark.slow  # a fresh Python, for TRITON_INTERPRET=1
