@@ -142,8 +142,16 @@ def test_a_plan_that_splits_a_block_runs_on_te_with_each_gemm_in_its_recipe(tmp_
     trainer = Trainer(prepare(compose_config(base)), tmp_path / "run")
     trainer.train_step(0)  # builds TE's quantizers in the block's autocast
     attn, mlp = trainer.model.blocks[0].layer.self_attention, trainer.model.blocks[0].layer.layernorm_mlp
-    kinds = lambda mod: {type(q).__name__ for q in mod.quantizers["scaling_fwd"] if q is not None}  # noqa: E731
-    assert kinds(attn.layernorm_qkv) == {"Float8CurrentScalingQuantizer"}
-    assert kinds(attn.proj) == {"IdentityQuantizer"}
-    assert kinds(mlp) == {"Float8CurrentScalingQuantizer", "IdentityQuantizer"}  # fc1 FP8, fc2 BF16
+    kind = lambda mod, slot: type(mod.quantizers["scaling_fwd"][slot]).__name__  # noqa: E731
+    fp8, high = "Float8CurrentScalingQuantizer", "IdentityQuantizer"
+    # forward slots: a linear's input 0 and weight 1; LayerNormMLP's fc1 input 0, weight 1, fc2 input 3,
+    # weight 4 (TE 2.20.2 LayerNormMLP.get_quantizer_roles); outputs are boundary slots (high precision)
+    assert [kind(attn.layernorm_qkv, s) for s in (0, 1)] == [fp8, fp8]
+    assert [kind(attn.proj, s) for s in (0, 1)] == [high, high]
+    assert [kind(mlp, s) for s in (0, 1, 3, 4)] == [fp8, fp8, high, high]
     assert run(compose_cfg(*base), tmp_path / "full").status == "completed"
+    modules = json.loads((tmp_path / "full" / "run.json").read_text())["provenance"]["quantized_modules"]
+    assert {k: v for k, v in modules.items() if k.startswith("blocks.0.")} == {
+        "blocks.0.attn.qkv": "tensorwise", "blocks.0.attn.proj": "bf16",
+        "blocks.0.mlp.fc1": "tensorwise", "blocks.0.mlp.fc2": "bf16",
+    }  # fmt: skip

@@ -418,8 +418,24 @@ class TEBackend(Backend):
             },
             "mapping_notes": notes,
             **self.verification(),
-            "block_recipes": {
-                f"blocks.{i}": self._name_of(self.plan.recipe_for(f"blocks.{i}.attn.qkv"))
-                for i in range(self.spec.model.num_layers)
-            },
+            "block_recipes": self._block_recipes(),
+            "quantized_modules": self.plan.quantized_modules(
+                [
+                    f"blocks.{i}.{lin}"
+                    for i in range(self.spec.model.num_layers)
+                    for lin in block_linears(self.spec.model, i)
+                ]
+                + ["lm_head"]
+            ),
         }
+
+    def _block_recipes(self) -> dict[str, str]:
+        """Each block's recipe, or `per module` where a plan splits it (quantized_modules says how)."""
+        out = {}
+        for i in range(self.spec.model.num_layers):
+            names = {
+                self._name_of(self.plan.recipe_for(f"blocks.{i}.{lin}"))
+                for lin in block_linears(self.spec.model, i)
+            }
+            out[f"blocks.{i}"] = names.pop() if len(names) == 1 else "per module (quantized_modules)"
+        return out
