@@ -15,10 +15,6 @@ permutation), timed from the permuted input to its gradient and the weight gradi
 - `lowp_grouped`: lowp's `backend.moe_experts=grouped` (harness.backends.grouped_gemm):
   `torch._grouped_mm` fprop and dgrad, the Triton wgrad summed in fp32 into an fp32 main grad, as
   TE's GroupedLinear does with fuse_wgrad_accumulation;
-- `lowp_fp8_grouped`: lowp's `backend.moe_experts=grouped` under `recipe=tensorwise recipe.fp8=e4m3`
-  (harness.backends.grouped_fp8): per-expert current-scaling E4M3 casts in two Triton passes per
-  tensor (amax, then the cast with its transposed copy), `torch._scaled_grouped_mm` fprop and dgrad,
-  the Triton FP8 wgrad summed in fp32 into an fp32 main grad;
 - `torch_fp8`: `torch._scaled_grouped_mm` for the six GEMMs (fprop, dgrad, wgrad of both), E4M3 codes
   with one current-scaling scale per expert and tensor (TE's tensorwise recipe with fp8=e4m3, each
   expert quantized on its own as TE's split-quantize does), fast accumulation in fprop only; the casts
@@ -50,8 +46,7 @@ SHAPES = {
     "deepseek_like": (256, 7168, 2048, 8, 4096),
 }
 RECIPES = ("bf16", "tensorwise", "delayed", "blockwise")
-TE_RECIPES = (*RECIPES, "tensorwise_e4m3")  # tensorwise_e4m3: every tensor E4M3, as lowp_fp8_grouped
-PATHS = ("te", "te_grouped_tensor", "torch_bf16", "lowp_grouped", "lowp_fp8_grouped", "torch_fp8")
+PATHS = ("te", "te_grouped_tensor", "torch_bf16", "lowp_grouped", "torch_fp8")
 ROUTINGS = ("balanced", "zipf", "empty")
 ALIGN = 16
 E4M3_MAX = 448.0
@@ -62,18 +57,11 @@ class Options:
     shapes: tuple[str, ...] = field(default=tuple(SHAPES), metadata={"help": "shape names, comma-separated"})
     paths: tuple[str, ...] = field(default=PATHS, metadata={"help": "paths, comma-separated"})
     routings: tuple[str, ...] = field(default=ROUTINGS, metadata={"help": "routings, comma-separated"})
-    recipes: tuple[str, ...] = field(
-        default=RECIPES, metadata={"help": "the te paths' recipes, comma-separated"}
-    )
     repeats: int = field(default=10, metadata={"help": "timed iterations per case"})
 
 
 def plan(spec: specs.Spec, opts: Options) -> dict[str, list[str]]:
-    for what, given, known in (
-        ("shapes", opts.shapes, SHAPES),
-        ("paths", opts.paths, PATHS),
-        ("recipes", opts.recipes, TE_RECIPES),
-    ):
+    for what, given, known in (("shapes", opts.shapes, SHAPES), ("paths", opts.paths, PATHS)):
         bad = [g for g in given if g not in known]
         if bad:
             raise specs.SpecError(f"spec {spec.name}: unknown {what} {bad}; use some of {list(known)}")
@@ -105,7 +93,6 @@ def _te_recipe(name: str):
     return {
         "bf16": None,
         "tensorwise": R.Float8CurrentScaling(fp8_format=R.Format.HYBRID),
-        "tensorwise_e4m3": R.Float8CurrentScaling(fp8_format=R.Format.E4M3),
         "delayed": R.DelayedScaling(
             fp8_format=R.Format.HYBRID, amax_history_len=1024, amax_compute_algo="max"
         ),
@@ -183,29 +170,6 @@ def lowp_grouped_case(shape, counts):
 
     def step():
         y = GroupedLinear.apply(_swiglu(GroupedLinear.apply(x, w1, ends)), w2, ends)
-        y.backward(dy)
-
-    return step, None
-
-
-def lowp_fp8_grouped_case(shape, counts):
-    import torch
-
-    from harness.backends.grouped_fp8 import FP8GroupedLinear
-
-    E, H, F, _, _ = shape
-    w1 = (torch.randn(E, 2 * F, H, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
-    w2 = (torch.randn(E, H, F, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
-    w1.main_grad = torch.zeros(w1.shape, device="cuda")
-    w2.main_grad = torch.zeros(w2.shape, device="cuda")
-    rows = sum(counts)
-    x = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
-    ends = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-
-    def step():
-        h = FP8GroupedLinear.apply(x, w1, ends, False, 0.0)
-        y = FP8GroupedLinear.apply(_swiglu(h), w2, ends, False, 0.0)
         y.backward(dy)
 
     return step, None
@@ -309,9 +273,8 @@ def torch_fp8_case(shape, counts):
 
 def check_torch_paths() -> dict:
     """The torch paths' forward and input gradient against fp32 GEMMs per expert on the operands they
-    multiply (bf16 values; for torch_fp8 and lowp_fp8_grouped the dequantized per-expert E4M3 codes),
-    on a small case with an empty expert: max |difference| / max |reference| (bf16 output rounding
-    is ~4e-3; lowp_fp8_grouped's dw is the fp32 wgrad rounded to bf16)."""
+    multiply (bf16 values; for torch_fp8 the dequantized per-expert E4M3 codes), on a small case with
+    an empty expert: max |difference| / max |reference| (bf16 output rounding is ~4e-3)."""
     import torch
 
     E, H, F = 4, 256, 128
@@ -340,7 +303,6 @@ def check_torch_paths() -> dict:
     for name, fn in (
         ("torch_bf16", lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)),
         ("torch_fp8", lambda: _FP8GroupedLinear.function().apply(x, w, offs, group)),
-        ("lowp_fp8_grouped", lambda: _lowp_fp8_apply(x, w, offs)),
     ):
         try:
             x.grad = w.grad = None
@@ -355,39 +317,12 @@ def check_torch_paths() -> dict:
                     wq.float() * ws[:, None, None],
                     dq.float() * ds[group][:, None],
                 )
-            elif name == "lowp_fp8_grouped":
-                ref = reference(*_lowp_fp8_dequantized(x.detach(), w.detach(), dy, offs))
             else:
                 ref = reference(x.detach(), w.detach(), dy)
             out[name] = {"y": rel(y, ref[0]), "dx": rel(x.grad, ref[1]), "dw": rel(w.grad, ref[2])}
         except Exception as exc:  # noqa: BLE001 - recorded; the timed cases say the same
             out[name] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
     return out
-
-
-def _lowp_fp8_apply(x, w, ends):
-    from harness.backends.grouped_fp8 import FP8GroupedLinear
-
-    return FP8GroupedLinear.apply(x, w, ends, False, 0.0)
-
-
-def _lowp_fp8_dequantized(x, w, dy, ends):
-    """The values lowp_fp8_grouped's GEMMs multiply: each operand's E4M3 codes times its expert's
-    scale_inv (harness.backends.grouped_fp8's casts)."""
-    import torch
-
-    from harness.backends import grouped_fp8 as G
-
-    rows = torch.repeat_interleave(
-        torch.arange(ends.numel(), device=x.device), torch.diff(ends, prepend=ends[:1] * 0).long()
-    )
-    xq, dq = G.quantize_group(x, ends), G.quantize_group(dy, ends)
-    wq = G.quantize_weights(w, power_2=False, epsilon=0.0, columnwise=False)
-    return (
-        xq.rowwise.float() * xq.scale_inv[rows][:, None],
-        wq.rowwise.float() * wq.scale_inv[:, None, None],
-        dq.rowwise.float() * dq.scale_inv[rows][:, None],
-    )
 
 
 def time_case(step, repeats: int) -> dict:
@@ -425,13 +360,8 @@ def cases(opts: Options):
     for shape in opts.shapes:
         for routing in opts.routings:
             for path in opts.paths:
-                one = {
-                    "torch_bf16": ("bf16",),
-                    "lowp_grouped": ("bf16",),
-                    "lowp_fp8_grouped": ("tensorwise_e4m3",),
-                    "torch_fp8": ("tensorwise_e4m3",),
-                }
-                for recipe in one.get(path, opts.recipes):
+                one = {"torch_bf16": ("bf16",), "lowp_grouped": ("bf16",), "torch_fp8": ("tensorwise_e4m3",)}
+                for recipe in one.get(path, RECIPES):
                     yield shape, routing, path, recipe
 
 
@@ -480,8 +410,6 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
                 step, why = torch_bf16_case(shape, counts)
             elif path == "lowp_grouped":
                 step, why = lowp_grouped_case(shape, counts)
-            elif path == "lowp_fp8_grouped":
-                step, why = lowp_fp8_grouped_case(shape, counts)
             else:
                 step, why = torch_fp8_case(shape, counts)
             if step is None:

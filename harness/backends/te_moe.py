@@ -15,11 +15,6 @@ parameters `weight0..weight{E-1}` are removed and each forward hands TE the E vi
 (TE's `single_grouped_weight` would hold one, but only on its experimental GroupedTensor path, not
 the split-quantize path lowp emulates). With fp32 main grads each view carries its slice of the
 parameter's `main_grad`, which TE's wgrad GEMM accumulates into (fuse_wgrad_accumulation).
-
-`backend.moe_experts=grouped` runs a group on lowp's grouped kernels instead where they reproduce
-TE's numerics: a BF16 group on harness.backends.grouped_gemm, a tensorwise group with every tensor
-E4M3 (recipe.fp8=e4m3) on harness.backends.grouped_fp8 (the emulator's per-expert codes and
-scales); groups under the other recipes stay on TE's GroupedLinear (`expert_kernels`).
 """
 
 from __future__ import annotations
@@ -29,27 +24,21 @@ import itertools
 import torch
 import torch.nn as nn
 
-from harness import recipes
-from harness.backends import grouped_fp8, grouped_gemm
-from harness.config.schema import ModelConfig, RecipeConfig
+from harness.backends import grouped_gemm
+from harness.config.schema import ModelConfig
 from harness.model.gpt import MLP
 from harness.model.moe import MoE
 
 BF16 = torch.bfloat16
-KERNELS = {
-    "te": "te.GroupedLinear",
-    "grouped": "torch._grouped_mm + triton fp32 wgrad",
-    "grouped_fp8": "triton per-expert E4M3 casts + torch._scaled_grouped_mm + triton fp32 wgrad",
-}
-"""`expert_kernels`' answer -> what runs an expert group's GEMMs (recorded in run.json)."""
+KERNELS = {"te": "te.GroupedLinear", "grouped": "torch._grouped_mm + triton fp32 wgrad"}
+"""backend.moe_experts -> what runs a BF16 expert group's GEMMs (recorded in run.json)."""
 
 
 class TEGroupedExperts(nn.Module):
     """One expert group: `weight` (num_gemms, out, in) bf16, `forward(x, m_splits)` by TE's
-    GroupedLinear, or with `kernels="grouped"` (a BF16 group) by lowp's BF16 grouped kernels
-    (harness.backends.grouped_gemm), with `kernels="grouped_fp8"` (a tensorwise E4M3 group, `recipe`
-    its RecipeConfig) by lowp's FP8 grouped kernels (harness.backends.grouped_fp8); `align_size`:
-    the rows harness.model.moe.Experts pads each expert to first."""
+    GroupedLinear, or with `kernels="grouped"` (BF16 groups only) by lowp's grouped kernels
+    (harness.backends.grouped_gemm); `align_size`: the rows harness.model.moe.Experts pads each
+    expert to first."""
 
     def __init__(
         self,
@@ -64,7 +53,6 @@ class TEGroupedExperts(nn.Module):
         std: float,
         first_microbatch=lambda: None,
         kernels: str = "te",
-        recipe: RecipeConfig | None = None,
     ):
         super().__init__()
         self.name, self.num_gemms, self.kernels = name, num_gemms, kernels
@@ -73,15 +61,12 @@ class TEGroupedExperts(nn.Module):
         shape = (num_gemms, out_features, in_features)
         self.weight = nn.Parameter(torch.empty(shape, device="cuda", dtype=BF16))
         nn.init.normal_(self.weight, 0.0, std)
-        if kernels in ("grouped", "grouped_fp8"):
-            if not (grouped_gemm.available() if kernels == "grouped" else grouped_fp8.available()):
+        if kernels == "grouped":
+            if not grouped_gemm.available():
                 raise RuntimeError(
-                    "backend.moe_experts=grouped needs triton on CUDA (and torch._scaled_grouped_mm for "
-                    "FP8 groups); install triton or set backend.moe_experts=te"
+                    "backend.moe_experts=grouped needs triton on CUDA; "
+                    "install triton or set backend.moe_experts=te"
                 )
-            if kernels == "grouped_fp8":
-                grouped_fp8.require_e4m3(recipe.fp8)
-                self.scaling = (recipe.power_2_scales, recipe.amax_epsilon)
             self.gemm = None
             return
         self.gemm = te.GroupedLinear(
@@ -101,8 +86,6 @@ class TEGroupedExperts(nn.Module):
         if self.gemm is None:
             ends = list(itertools.accumulate(m_splits))
             offs = torch.tensor(ends, dtype=torch.int32).to(x.device, non_blocking=True)
-            if self.kernels == "grouped_fp8":
-                return grouped_fp8.FP8GroupedLinear.apply(x.to(BF16), self.weight, offs, *self.scaling)
             return grouped_gemm.GroupedLinear.apply(x.to(BF16), self.weight, offs)
         main_grad = getattr(self.weight, "main_grad", None)
         for i, w in enumerate(self.weight.unbind(0)):
@@ -113,7 +96,7 @@ class TEGroupedExperts(nn.Module):
 
     def extra_repr(self) -> str:
         pad = f", rows padded to {self.align_size}" if self.align_size else ""
-        kernel = KERNELS[self.kernels]
+        kernel = "te.GroupedLinear" if self.gemm is not None else KERNELS["grouped"]
         return f"{self.num_gemms} x ({self.in_features}, {self.out_features}), {kernel}{pad}"
 
 
@@ -158,7 +141,6 @@ class TEExpertOps:
             std=self._std(name),
             first_microbatch=self.first_microbatch,
             kernels=expert_kernels(self.backend.spec.options.moe_experts, recipe),
-            recipe=recipe,
         )
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
@@ -202,11 +184,7 @@ def moe_mlp(te, backend, cfg: ModelConfig, index: int, fuse_wgrad: bool, first_m
     return TEMoEMLP(te, cfg, moe)
 
 
-def expert_kernels(asked: str, recipe: RecipeConfig | None) -> str:
-    """A KERNELS key: what runs an expert group under `recipe` (None: the plan's BF16) when
-    backend.moe_experts is `asked`. `grouped` puts BF16 groups on lowp's BF16 grouped kernels and
-    tensorwise (current-scaling) groups on lowp's FP8 grouped kernels (E4M3 only: TEGroupedExperts
-    refuses recipe.fp8=hybrid, as validation does); every other recipe stays on TE's GroupedLinear."""
-    if asked != "grouped" or recipe is None:
-        return asked
-    return "grouped_fp8" if recipes.get(recipe.name).scheme == "current" else "te"
+def expert_kernels(asked: str, recipe) -> str:
+    """What runs an expert group's GEMMs: backend.moe_experts for a group that computes in BF16
+    (`recipe` None: the plan's BF16), TE's GroupedLinear for one that quantizes."""
+    return asked if recipe is None else "te"

@@ -373,13 +373,12 @@ class BackendConfig:
     hands attention's packed dQKV buffer back as it is (TE 2.20 selects them one by one: three
     zero-filled full-size copies and two adds a layer). Same numbers, fewer passes."""
     moe_experts: str = "te"
-    """backend=te, MoE models: what runs the GEMMs of expert groups: `te` (TE's GroupedLinear,
-    Megatron's TEGroupedMLP: a GEMM per expert, the wgrad added to the fp32 main grad inside its GEMM)
-    or `grouped` (one grouped kernel per pass: for BF16 groups torch._grouped_mm for fprop and dgrad,
-    for recipe=tensorwise groups with recipe.fp8=e4m3 per-expert Triton casts and
-    torch._scaled_grouped_mm; a Triton kernel that adds the fp32 wgrad into the fp32 main grad, as
-    TE's GEMM does). Groups under the other quantizing recipes run on TE's GroupedLinear either way
-    (benchmarks/RESULTS.md, "The expert MLP alone")."""
+    """backend=te, MoE models: what runs the GEMMs of expert groups that compute in BF16: `te` (TE's
+    GroupedLinear, Megatron's TEGroupedMLP: a GEMM per expert, the wgrad added to the fp32 main grad
+    inside its GEMM) or `grouped` (one grouped kernel per pass: torch._grouped_mm for fprop and dgrad,
+    a Triton kernel that adds the fp32 wgrad into the fp32 main grad, as TE's GEMM does). Groups under
+    a quantizing recipe run on TE's GroupedLinear either way (benchmarks/RESULTS.md, "The expert MLP
+    alone")."""
 
 
 @dataclass

@@ -173,10 +173,8 @@ def model_flags(cfg: Config) -> Part:
     if m.num_moe_experts and cfg.backend.moe_experts == "grouped":
         notes.append(
             "# backend.moe_experts=grouped: lowp runs BF16 expert groups on torch._grouped_mm (fprop, dgrad) "
-            "and tensorwise E4M3 groups on Triton per-expert casts and torch._scaled_grouped_mm, each with "
-            "a Triton fp32 wgrad into the main grad; Megatron's --moe-grouped-gemm runs TE's "
-            "GroupedLinear (one cuBLAS GEMM per expert): the same codes and rounding points, another "
-            "summation order"
+            "and a Triton fp32 wgrad into the main grad; Megatron's --moe-grouped-gemm runs TE's "
+            "GroupedLinear (one cuBLAS GEMM per expert): the same rounding points, another summation order"
         )
     if _fsdp2(cfg) and not m.untie_embeddings_and_output_weights:
         flags.append((UNTIE, None))  # arguments.py:1044-1045 asserts it under --use-torch-fsdp2

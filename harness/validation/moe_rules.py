@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import fnmatch
 
-from harness import recipes
 from harness.config.schema import Config, ModelConfig
 from harness.model import routing as R
 from harness.model.moe import moe_layer_pattern
 from harness.model.plan import in_int4_scope
 
 MOE_EXPERT_KERNELS = ("te", "grouped")
-"""backend.moe_experts: the kernels of expert groups on backend=te (harness.backends.te_moe): `grouped`
-runs BF16 and tensorwise E4M3 groups on lowp's grouped kernels, the other recipes' on TE's."""
+"""backend.moe_experts: the kernels of BF16 expert groups on backend=te (harness.backends.te_moe)."""
 _NAMES = {
     "moe_router_score_function": R.SCORE_FUNCTIONS,
     "moe_router_load_balancing_type": R.LOAD_BALANCING_TYPES,
@@ -154,14 +152,6 @@ def moe_support_errors(cfg: Config, te: bool) -> list[str]:
         errs.append(
             f"backend.moe_experts={kernels} with backend={cfg.backend.name} running the emulator: it picks "
             "the kernels of TE's expert groups; use backend=te or backend.moe_experts=te"
-        )
-    elif (
-        kernels == "grouped" and recipes.get(cfg.recipe.name).scheme == "current" and cfg.recipe.fp8 != "e4m3"
-    ):
-        errs.append(  # harness.backends.grouped_fp8.require_e4m3 says the same where a group is built
-            f"backend.moe_experts=grouped with recipe={cfg.recipe.name} recipe.fp8={cfg.recipe.fp8}: "
-            "lowp's FP8 expert groups run torch._scaled_grouped_mm, which takes E4M3 only (no E5M2 "
-            "gradients); set recipe.fp8=e4m3 or backend.moe_experts=te"
         )
     if m.add_bias_linear:
         errs.append(
