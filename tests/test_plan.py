@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import types
 from pathlib import Path
@@ -251,7 +252,7 @@ def test_a_plan_moves_whole_expert_groups(tmp_path):
     once, `stability=plan` runs the whole group in the plan's recipe, Megatron's file matches the
     group's TEGroupedLinear path, TE's factory gives the group's name its recipe; one expert is refused."""
     from harness.config.errors import ConfigError
-    from harness.interop.te_plan import HIGH_PRECISION, factory_for, module_factories
+    from harness.interop.te_plan import HIGH_PRECISION, plan_qfactory
     from harness.validation import load
 
     path = tmp_path / "plan.yaml"
@@ -270,8 +271,9 @@ def test_a_plan_moves_whole_expert_groups(tmp_path):
     plan_of = PrecisionPlan(cfg.recipe, cfg.stability, cfg.model)
     ran = {g: (r.name if (r := plan_of.recipe_for(g)) else "bf16") for g in EXPERT_GROUPS}
     assert ran == {g: plan["modules"][g] for g in EXPERT_GROUPS}
-    factories = module_factories(str(path))
-    assert factory_for(factories, kept) == factory_for(factories, megatron_path(kept)) == HIGH_PRECISION
+    qfactory = plan_qfactory(str(path))
+    assert qfactory.factory_for(kept) == qfactory.factory_for(megatron_path(kept)) == HIGH_PRECISION
+    assert pickle.loads(pickle.dumps(qfactory)).factories == qfactory.factories  # TE pickles the recipe
     one = yaml.safe_load(path.read_text())
     one["overrides"].append({"pattern": f"{kept}.3", "recipe": "nvfp4"})
     path.write_text(yaml.safe_dump(one))

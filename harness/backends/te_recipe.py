@@ -5,6 +5,8 @@ The registry names the class (`RecipeSpec.te_recipe_class`); one builder per TE 
 
 from __future__ import annotations
 
+import importlib
+
 from harness import recipes
 from harness.backends.capability import te_backward_override
 from harness.config.schema import RecipeConfig, StabilityConfig
@@ -157,8 +159,6 @@ def split_block_recipe(index: int, planned: dict[str, RecipeConfig | None]):
     block runs under a CustomRecipe whose factory gives each GEMM's quantizer slots the TE factory of
     its module's recipe, found by TE's role name (TE_GEMM_NAMES). Slots of no block linear (the
     attention's, a boundary's) stay in high precision, as under the block's native recipes."""
-    import importlib
-
     from transformer_engine.common import recipe as R
 
     unknown = sorted(set(planned) - set(TE_GEMM_NAMES))
@@ -168,14 +168,28 @@ def split_block_recipe(index: int, planned: dict[str, RecipeConfig | None]):
             "backend=te splits dense blocks only: give the whole block one recipe (e.g. 'blocks.0.*') "
             "or use backend=emulated"
         )
-    factories = importlib.import_module(TE_FACTORIES)
     by_role = {
-        f"blocks.{index}.{TE_GEMM_NAMES[lin]}": getattr(factories, factory_name(r, f"blocks.{index}.{lin}"))
+        f"blocks.{index}.{TE_GEMM_NAMES[lin]}": factory_name(r, f"blocks.{index}.{lin}")
         for lin, r in planned.items()
     }
-    high = getattr(factories, HIGH_PRECISION)
+    return R.CustomRecipe(qfactory=ModuleFactories(by_role))
 
-    def qfactory(role):
-        return by_role.get(getattr(role, "name", "") or "", high)(role)
 
-    return R.CustomRecipe(qfactory=qfactory)
+class ModuleFactories:
+    """A CustomRecipe qfactory: a quantizer slot's module name (QuantizerRole.name) -> the TE factory
+    named for it (exact, else the longest name it ends with after a '.': a wrapper's prefix), else high
+    precision. A class, not a closure: TE pickles the module's recipe into each checkpoint
+    (module/base.py `get_extra_state`), qfactory included."""
+
+    def __init__(self, factories: dict[str, str]):
+        self.factories = dict(factories)
+
+    def factory_for(self, name: str) -> str:
+        if name in self.factories:
+            return self.factories[name]
+        ends = [k for k in self.factories if name.endswith("." + k)]
+        return self.factories[max(ends, key=len)] if ends else HIGH_PRECISION
+
+    def __call__(self, role):
+        factories = importlib.import_module(TE_FACTORIES)
+        return getattr(factories, self.factory_for(getattr(role, "name", "") or ""))(role)

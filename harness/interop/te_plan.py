@@ -20,10 +20,8 @@ is refused when the factory is made, in one line (as the Megatron file refuses i
 
 from __future__ import annotations
 
-import importlib
-
 from harness import recipes
-from harness.backends.te_recipe import FACTORY_OF, HIGH_PRECISION, TE_FACTORIES
+from harness.backends.te_recipe import FACTORY_OF, HIGH_PRECISION, ModuleFactories
 from harness.interop.megatron_precision import NotExpressible, megatron_path
 from harness.model.plan import read_plan
 
@@ -48,22 +46,7 @@ def module_factories(path: str) -> dict[str, str]:
     return out
 
 
-def factory_for(factories: dict[str, str], name: str) -> str:
-    """The factory name of a module instance name: exact, else the longest plan name it ends with
-    after a '.' (a wrapper's prefix), else high precision."""
-    if name in factories:
-        return factories[name]
-    ends = [k for k in factories if name.endswith("." + k)]
-    return factories[max(ends, key=len)] if ends else HIGH_PRECISION
-
-
-def plan_qfactory(path: str):
-    """TE `CustomRecipe(qfactory=...)`: role -> the TE quantizer the plan gives that module's slot."""
-    factories = module_factories(path)
-    te = importlib.import_module(TE_FACTORIES)
-
-    def qfactory(role):
-        name = getattr(role, "name", "") or ""
-        return getattr(te, factory_for(factories, name))(role)
-
-    return qfactory
+def plan_qfactory(path: str) -> ModuleFactories:
+    """TE `CustomRecipe(qfactory=...)`: role -> the TE quantizer the plan gives that module's slot
+    (picklable, as TE's checkpoints need)."""
+    return ModuleFactories(module_factories(path))
