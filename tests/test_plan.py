@@ -323,3 +323,29 @@ def test_te_splits_a_block_only_through_tes_factories_at_their_defaults():
     for bad in (pow2, recipes.default_fields("delayed")):
         with pytest.raises(ValueError, match="blocks.0.mlp.fc2: .* no TE factory at its defaults"):
             factory_name(bad, "blocks.0.mlp.fc2")
+
+
+def test_te_checkpoint_state_skips_a_custom_recipes_empty_meta():
+    """A block a plan splits runs under TE's CustomRecipe, whose fp8_meta holds scale and amax_history
+    as None (seen on the H200: the run's final checkpoint failed on `.clone()` of None); the TE
+    backend's checkpoint state keeps delayed scaling's tensors and nothing for such a meta."""
+    import types
+
+    import torch
+
+    from harness.backends.te import TEBackend
+
+    class Module(torch.nn.Module):
+        def __init__(self, meta):
+            super().__init__()
+            self.fp8_meta = {"scaling_fwd": meta}
+
+    delayed = types.SimpleNamespace(scale=torch.ones(3), amax_history=torch.zeros(4, 3))
+    custom = types.SimpleNamespace(scale=None, amax_history=None)
+    model = torch.nn.ModuleDict({"a": Module(delayed), "b": Module(custom)})
+    state = TEBackend.state_dict(
+        types.SimpleNamespace(
+            _model=model, _fp8_metas=lambda: TEBackend._fp8_metas(types.SimpleNamespace(_model=model))
+        )
+    )
+    assert set(state["a"]["scaling_fwd"]) == {"scale", "amax_history"} and state["b"] == {"scaling_fwd": {}}

@@ -336,11 +336,14 @@ class TEBackend(Backend):
 
     def state_dict(self) -> dict:
         """Delayed scaling's amax histories and scales, value by value (TE's own `_extra_state` is a
-        pickle, so it stays out of the checkpoint); recipes without state give {}."""
+        pickle, so it stays out of the checkpoint); recipes without state give {}, and so does a
+        CustomRecipe's meta (a block a plan splits), whose scale and history are None."""
         out: dict = {}
         for name, key, meta in self._fp8_metas():
             out.setdefault(name, {})[key] = {
-                a: getattr(meta, a).clone() for a in ("scale", "amax_history") if hasattr(meta, a)
+                a: value.clone()
+                for a in ("scale", "amax_history")
+                if (value := getattr(meta, a, None)) is not None
             }
         return out
 
