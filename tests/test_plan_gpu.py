@@ -31,10 +31,9 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "bf16"])
-def test_te_counterfactual_rows_leave_training_unchanged(recipe, tmp_path):
-    base = [*GPU_TINY, "backend=te", f"recipe={recipe}", "steps=2", "log_interval=1", "eval_interval=0",
-            "checkpoint_interval=0", "telemetry_interval=1"]  # fmt: skip
+def _unchanged_with_rows_for(base: list[str], modules: list[str], tmp_path: Path) -> None:
+    """`base` trains to the same loss curve with and without the candidates, and the candidate run has
+    a row per module, role (operands and GEMMs) and candidate, each GEMM's error below 50%."""
     curves = {}
     for tag, extra in (("plain", []), ("cf", [CANDIDATES])):
         assert run(compose_cfg(*base, *extra), tmp_path / tag).status == "completed"
@@ -42,11 +41,19 @@ def test_te_counterfactual_rows_leave_training_unchanged(recipe, tmp_path):
     assert curves["plain"] == curves["cf"]
     rows = [r for r in _jsonl(tmp_path / "cf" / "numerics.jsonl") if "candidate" in r]
     got = {(r["layer"], r["tensor"], r["candidate"]) for r in rows}
-    for layer in LINEARS:  # BF16 blocks (recipe=bf16) too: the fused-away operands recomputed
+    for module in modules:
         for c in ("blockwise", "mxfp8", "nvfp4"):
             for t in ("input", "weight", "grad", "fprop", "dgrad", "wgrad"):
-                assert (layer, t, c) in got, (layer, t, c)
+                assert (module, t, c) in got, (module, t, c)
     assert all(0 <= r["rel_err"] < 0.5 for r in rows if "rel_err" in r)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "bf16"])
+def test_te_counterfactual_rows_leave_training_unchanged(recipe, tmp_path):
+    base = [*GPU_TINY, "backend=te", f"recipe={recipe}", "steps=2", "log_interval=1", "eval_interval=0",
+            "checkpoint_interval=0", "telemetry_interval=1"]  # fmt: skip
+    # BF16 blocks (recipe=bf16) too: the fused-away operands recomputed
+    _unchanged_with_rows_for(base, LINEARS, tmp_path)
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "bf16"])
@@ -56,18 +63,9 @@ def test_te_expert_groups_feed_the_candidates(recipe, tmp_path):
     base = ["model=mixtral_tiny", "hardware=auto", "logger=none", "data=markov", "micro_batch_size=8",
             "global_batch_size=8", "eval_interval=0", "checkpoint_interval=-1", "backend=te",
             f"recipe={recipe}", "steps=2", "log_interval=1", "telemetry_interval=1"]  # fmt: skip
-    curves = {}
-    for tag, extra in (("plain", []), ("cf", [CANDIDATES])):
-        assert run(compose_cfg(*base, *extra), tmp_path / tag).status == "completed"
-        curves[tag] = [r["loss/train"] for r in _jsonl(tmp_path / tag / "metrics.jsonl") if "loss/train" in r]
-    assert curves["plain"] == curves["cf"]
-    rows = [r for r in _jsonl(tmp_path / "cf" / "numerics.jsonl") if "candidate" in r]
-    got = {(r["layer"], r["tensor"], r["candidate"]) for r in rows}
-    for group in (f"blocks.{i}.mlp.experts.fc{k}" for i in range(2) for k in (1, 2)):
-        for c in ("blockwise", "mxfp8", "nvfp4"):
-            for t in ("input", "weight", "grad", "fprop", "dgrad", "wgrad"):
-                assert (group, t, c) in got, (group, t, c)
-    assert all(0 <= r["rel_err"] < 0.5 for r in rows if "rel_err" in r)
+    _unchanged_with_rows_for(
+        base, [f"blocks.{i}.mlp.experts.fc{k}" for i in range(2) for k in (1, 2)], tmp_path
+    )
 
 
 def _plan_file(tmp_path: Path, modules: dict[str, str]) -> Path:
