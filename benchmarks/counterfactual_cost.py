@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import specs
+from benchmarks.telemetry_timing import telemetry_phases
 
 
 @dataclass(frozen=True)
@@ -38,45 +39,14 @@ def plan(spec: specs.Spec, opts: Options) -> dict[str, list[str]]:
     return {label: [*spec.overrides, "logger=none", *ov] for label, ov in spec.runs.items()}
 
 
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _timed(tr, first: int, count: int) -> list[tuple[int, float, float]]:
-    """(step, wall ms, this process's CPU ms): on a shared CPU the CPU time is the robust figure."""
-    out = []
-    for step in range(first, first + count):
-        _sync()
-        t0, c0 = time.perf_counter(), time.process_time()
-        tr.train_step(step)
-        _sync()
-        out.append((step, (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3))
-    return out
-
-
 def measure(overrides: list[str], opts: Options, run_dir: Path) -> dict:
     from harness.train import Trainer
 
     cfg = specs.load_config([*overrides, "telemetry_interval=0"])
     run_dir.mkdir(parents=True, exist_ok=True)
     tr = Trainer(cfg, run_dir)
-    _timed(tr, 0, opts.warmup)
-    off = _timed(tr, opts.warmup, opts.steps)
-    tr.cfg.telemetry_interval = opts.interval
-    first = opts.warmup + opts.steps
-    first += -first % opts.interval  # start on a telemetry step
-    on = _timed(tr, first, opts.interval * opts.telemetry_steps)
-    tele = [t for t in on if t[0] % opts.interval == 0]
-    between = [t for t in on if t[0] % opts.interval != 0]
-    with tr.backend.collect_telemetry() as rows:  # one more telemetry pass, to count its rows
-        x, y = tr._next_batch()
-        with tr.backend.autocast():
-            loss = tr.model.loss(x, y)
-        loss.backward()
-    tr.optimizer.zero_grad()
+    phases = telemetry_phases(tr, opts.warmup, opts.steps, opts.interval, opts.telemetry_steps)
+    off, tele, between = phases["off"], phases["telemetry"], phases["between"]
     med = lambda ts, i=1: statistics.median(t[i] for t in ts)  # noqa: E731
     res = {
         "backend": tr.backend.name,
@@ -90,7 +60,7 @@ def measure(overrides: list[str], opts: Options, run_dir: Path) -> dict:
         "cpu_ms_off": med(off, 2),
         "cpu_ms_telemetry_step": med(tele, 2),
         "cpu_ms_between_telemetry_steps": med(between, 2),
-        "rows_per_telemetry_step": len(rows),
+        "rows_per_telemetry_step": phases["rows"],
         "samples": {"off": off, "telemetry": tele, "between": between},
     }
     del tr

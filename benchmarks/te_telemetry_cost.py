@@ -22,25 +22,9 @@ import time
 import traceback
 from pathlib import Path
 
+from benchmarks.telemetry_timing import telemetry_phases
+
 BASE = ("experiment=h200_1b", "logger=none", "telemetry_interval=0", "steps=1000")
-
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _timed_steps(tr, first: int, count: int) -> list[tuple[int, float]]:
-    out = []
-    for step in range(first, first + count):
-        _sync()
-        t0 = time.perf_counter()
-        tr.train_step(step)
-        _sync()
-        out.append((step, (time.perf_counter() - t0) * 1e3))
-    return out
 
 
 def measure(recipe: str, overrides: list[str], warmup: int, steps: int, interval: int, run_dir: Path) -> dict:
@@ -54,20 +38,8 @@ def measure(recipe: str, overrides: list[str], warmup: int, steps: int, interval
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     tr = Trainer(cfg, run_dir)
-    _timed_steps(tr, 0, warmup)
-    off = [ms for _, ms in _timed_steps(tr, warmup, steps)]
-    tr.cfg.telemetry_interval = interval
-    first = warmup + steps
-    first += -first % interval  # start on a telemetry step
-    on = _timed_steps(tr, first, interval * max(2, steps // 2))  # >= 2 telemetry steps
-    tele = [ms for s, ms in on if s % interval == 0]
-    between = [ms for s, ms in on if s % interval != 0]
-    with tr.backend.collect_telemetry() as rows:  # one more telemetry pass, to count its rows
-        x, y = tr._next_batch()
-        with tr.backend.autocast():
-            loss = tr.model.loss(x, y)
-        loss.backward()
-    tr.optimizer.zero_grad()
+    phases = telemetry_phases(tr, warmup, steps, interval, max(2, steps // 2))  # >= 2 telemetry steps
+    off, tele, between = ([ms for _, ms, _ in phases[k]] for k in ("off", "telemetry", "between"))
     med = statistics.median
     res = {
         "recipe": recipe,
@@ -76,12 +48,12 @@ def measure(recipe: str, overrides: list[str], warmup: int, steps: int, interval
         "step_ms_between_telemetry_steps": med(between),
         "telemetry_step_overhead": med(tele) / med(off) - 1,
         "between_steps_overhead": med(between) / med(off) - 1,
-        "rows_per_telemetry_step": len(rows),
+        "rows_per_telemetry_step": phases["rows"],
         "samples": {"off": off, "telemetry": tele, "between": between},
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "backend": tr.backend.name,
     }
-    del tr, rows
+    del tr
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
