@@ -18,7 +18,12 @@ permutation), timed from the permuted input to its gradient and the weight gradi
 - `torch_fp8`: `torch._scaled_grouped_mm` for the six GEMMs (fprop, dgrad, wgrad of both), E4M3 codes
   with one current-scaling scale per expert and tensor (TE's tensorwise recipe with fp8=e4m3, each
   expert quantized on its own as TE's split-quantize does), fast accumulation in fprop only; the casts
-  are eager torch (per-expert amax by scatter_reduce, one cast per copy).
+  are eager torch (per-expert amax by scatter_reduce, one cast per copy);
+- `gemm_bf16` / `gemm_fp8`: the six GEMMs alone, their operands made before timing (no casts, no
+  SwiGLU, no autograd): `torch._grouped_mm` on BF16, `torch._scaled_grouped_mm` on E4M3 codes with
+  torch_fp8's layouts and scales. The fastest grouped kernel here at the shape, so the bound of any
+  path built on it; each row also gives its fraction of the device's dense peak for its dtype
+  (`peak_fraction`, from conf/hardware when the device is one lowp knows).
 
 Routings: `balanced` (every expert the same rows), `zipf` (expert i gets a share ~ 1/(i+1)), `empty`
 (an eighth of the experts get no rows, the rest equal). Rows per expert are multiples of 16 (the FP8
@@ -44,9 +49,12 @@ SHAPES = {
     "e64_h4096_f1536": (64, 4096, 1536, 8, 16384),
     "mixtral_like": (8, 4096, 14336, 2, 16384),
     "deepseek_like": (256, 7168, 2048, 8, 4096),
+    # one layer's experts in the H200 slices: one micro-batch of 4096 tokens (conf/experiment/h200_*)
+    "qwen3_30b_a3b_slice": (128, 2048, 768, 8, 4096),
+    "mixtral_8x7b_slice": (8, 4096, 14336, 2, 4096),
 }
 RECIPES = ("bf16", "tensorwise", "delayed", "blockwise")
-PATHS = ("te", "te_grouped_tensor", "torch_bf16", "lowp_grouped", "torch_fp8")
+PATHS = ("te", "te_grouped_tensor", "torch_bf16", "lowp_grouped", "torch_fp8", "gemm_bf16", "gemm_fp8")
 ROUTINGS = ("balanced", "zipf", "empty")
 ALIGN = 16
 E4M3_MAX = 448.0
@@ -271,6 +279,62 @@ def torch_fp8_case(shape, counts):
     return step, None
 
 
+def gemm_operands(shape, counts, device: str = "cuda") -> dict:
+    """Random BF16 operands of the expert MLP's GEMMs: x (rows, H), a = SwiGLU output (rows, F), dy
+    (rows, H), dh = fc1's output gradient (rows, 2F), w1 (E, 2F, H), w2 (E, H, F)."""
+    import torch
+
+    E, H, F, _, _ = shape
+    rows = sum(counts)
+    bf = dict(device=device, dtype=torch.bfloat16)
+    ops = {n: torch.randn(rows, k, **bf) for n, k in (("x", H), ("a", F), ("dy", H), ("dh", 2 * F))}
+    return ops | {"w1": torch.randn(E, 2 * F, H, **bf) * 0.02, "w2": torch.randn(E, H, F, **bf) * 0.02}
+
+
+def gemm_case(shape, counts, fp8: bool, device: str = "cuda", ops: dict | None = None):
+    """The expert MLP's six GEMMs (fprop, dgrad, wgrad of fc1 and fc2) alone on `ops` (gemm_operands),
+    made before timing; the step returns their outputs in that order."""
+    import torch
+
+    E, H, F, _, _ = shape
+    dev = device
+    c = torch.tensor(counts, device=dev)
+    offs = c.cumsum(0).to(torch.int32)
+    ops = ops or gemm_operands(shape, counts, device)
+    x, a, dy, dh, w1, w2 = (ops[n] for n in ("x", "a", "dy", "dh", "w1", "w2"))
+    if not fp8:
+        gemms = [
+            (x, w1.transpose(-2, -1)),  # fc1 fprop (rows, 2F)
+            (a, w2.transpose(-2, -1)),  # fc2 fprop (rows, H)
+            (dy, w2),  # fc2 dgrad (rows, F)
+            (dh, w1),  # fc1 dgrad (rows, H)
+            (dy.t(), a),  # fc2 wgrad (E, H, F)
+            (dh.t(), x),  # fc1 wgrad (E, 2F, H)
+        ]
+        step = lambda: [torch._grouped_mm(ma, mb, offs=offs) for ma, mb in gemms]  # noqa: E731
+        return step, None
+    group = torch.repeat_interleave(torch.arange(E, device=dev), c)
+    (xq, xs), (aq, as_), (dyq, dys), (dhq, dhs) = (_per_expert_cast(t, group, E) for t in (x, a, dy, dh))
+    (w1q, w1s), (w2q, w2s) = _weight_cast(w1), _weight_cast(w2)
+    w1t, w2t = w1q.transpose(-2, -1).contiguous(), w2q.transpose(-2, -1).contiguous()  # columnwise copies
+    xt, at, dyt, dht = (t.t().contiguous() for t in (xq, aq, dyq, dhq))
+    row = {n: s[group].contiguous() for n, s in (("x", xs), ("a", as_), ("dy", dys), ("dh", dhs))}
+    per = lambda s, n: s[:, None].expand(E, n).contiguous()  # noqa: E731 - (E, N) weight scales
+    sg = torch._scaled_grouped_mm
+    kw = dict(offs=offs, out_dtype=torch.bfloat16)
+    args = [
+        (xq, w1q.transpose(-2, -1), row["x"], per(w1s, 2 * F), True),  # fc1 fprop
+        (aq, w2q.transpose(-2, -1), row["a"], per(w2s, H), True),  # fc2 fprop
+        (dyq, w2t.transpose(-2, -1), row["dy"], per(w2s, F), False),  # fc2 dgrad
+        (dhq, w1t.transpose(-2, -1), row["dh"], per(w1s, H), False),  # fc1 dgrad
+        (dyt, at.t(), dys.repeat_interleave(H), as_.repeat_interleave(F), False),  # fc2 wgrad
+        (dht, xt.t(), dhs.repeat_interleave(2 * F), xs.repeat_interleave(H), False),  # fc1 wgrad
+    ]
+
+    step = lambda: [sg(ma, mb, sa, sb, use_fast_accum=fast, **kw) for ma, mb, sa, sb, fast in args]  # noqa: E731
+    return step, None
+
+
 def check_torch_paths() -> dict:
     """The torch paths' forward and input gradient against fp32 GEMMs per expert on the operands they
     multiply (bf16 values; for torch_fp8 the dequantized per-expert E4M3 codes), on a small case with
@@ -346,6 +410,20 @@ def time_case(step, repeats: int) -> dict:
     }
 
 
+def device_peaks(device_name: str) -> dict | None:
+    """Dense peak TFLOP/s per dtype of the device, from lowp's hardware config whose name the device's
+    carries ("NVIDIA H200" -> conf/hardware/h200.yaml); None for a device lowp has no config of."""
+    import yaml
+
+    configs = (Path(__file__).resolve().parents[1] / "conf" / "hardware").glob("*.yaml")
+    for path in sorted(configs, key=lambda p: -len(p.stem)):  # gb200 before b200
+        if path.stem in ("auto", "cpu") or path.stem.startswith("base"):
+            continue
+        if path.stem.lower() in device_name.lower().replace(" ", "").replace("-", "").split("nvidia")[-1]:
+            return yaml.safe_load(path.read_text()).get("peak_tflops")
+    return None
+
+
 def _cublaslt_version():
     try:
         import transformer_engine_torch as tex
@@ -361,6 +439,7 @@ def cases(opts: Options):
         for routing in opts.routings:
             for path in opts.paths:
                 one = {"torch_bf16": ("bf16",), "lowp_grouped": ("bf16",), "torch_fp8": ("tensorwise_e4m3",)}
+                one |= {"gemm_bf16": ("bf16",), "gemm_fp8": ("tensorwise_e4m3",)}
                 for recipe in one.get(path, RECIPES):
                     yield shape, routing, path, recipe
 
@@ -389,6 +468,8 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
         "torch_paths_check": check_torch_paths(),
         "cases": [],
     }
+    peaks = device_peaks(torch.cuda.get_device_name(0))
+    result["_meta"]["peak_tflops"] = peaks
     t0 = time.perf_counter()
     for shape_name, routing, path, recipe in cases(opts):
         shape = SHAPES[shape_name]
@@ -410,6 +491,8 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
                 step, why = torch_bf16_case(shape, counts)
             elif path == "lowp_grouped":
                 step, why = lowp_grouped_case(shape, counts)
+            elif path in ("gemm_bf16", "gemm_fp8"):
+                step, why = gemm_case(shape, counts, fp8=path == "gemm_fp8")
             else:
                 step, why = torch_fp8_case(shape, counts)
             if step is None:
@@ -417,6 +500,9 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
             else:
                 row.update(time_case(step, opts.repeats), status="ok")
                 row["tflops"] = 18 * row["rows"] * H * F / (row["ms"] * 1e-3) / 1e12
+                peak = (peaks or {}).get("bf16" if recipe == "bf16" else "fp8")
+                if peak:
+                    row["peak_fraction"] = row["tflops"] / peak
         except Exception as exc:  # noqa: BLE001 - the next case still runs; the reason is recorded
             row["status"] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
             row["traceback"] = traceback.format_exc(limit=4)[-1200:]
