@@ -12,6 +12,14 @@ and data order), with analysis.fidelity.criterion: at every logged step, |run - 
 against the mean |seed_i - seed_j| over all pairs of BF16 seeds. A recipe holds where every one of its
 seeds holds; the verdict is on `--key` (eval: the held-out loss at every eval point), the other
 curve's violations are reported beside it. Runs without a BF16 run of their seed are listed, not judged.
+
+Pairing by seed assumes a seed's runs differ only by their recipe. Where the backend is not run-to-run
+deterministic (TE's fused attention and MoE token-scatter backward use atomics), BF16 itself leaves its
+seed's trajectory. `--rerun FILE` is the control: the BF16 runs of another call of the same spec (same
+seeds and steps) are judged like a recipe, as `bf16 rerun`. Where the rerun fails, the criterion flags
+run-to-run nondeterminism on these runs, and a recipe's violations do not separate it from BF16; the
+table then says so, and gives each arm's mean |gap| per eval beside the rerun's. Verdicts stay as the
+criterion gives them.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from analysis.fidelity import criterion, criterion_free
 from analysis.run import recipe_identity
 
 KEYS = ("eval", "train")
+RERUN = "bf16 rerun"
 
 
 def load_runs(paths: list[Path]) -> list[dict]:
@@ -41,6 +50,14 @@ def load_runs(paths: list[Path]) -> list[dict]:
             runs.append({"label": label, "file": Path(path).name, "recipe": arm, "seed": s["seed"]})
             runs[-1].update({k: r[k] for k in KEYS})
     return runs
+
+
+def rerun_runs(paths: list[Path]) -> list[dict]:
+    """The completed BF16 runs of `paths` as the `bf16 rerun` arm (the control for nondeterminism)."""
+    runs = [r for r in load_runs(paths) if r["recipe"] == K.BASELINE_RECIPE]
+    if not runs:
+        raise ValueError(f"seed_band: --rerun {', '.join(map(str, paths))} holds no completed BF16 run")
+    return [{**r, "recipe": RERUN} for r in runs]
 
 
 def _arm(label: str, summary: dict) -> str:
@@ -102,6 +119,12 @@ def judge(runs: list[dict], key: str = "eval") -> dict:
     for entry in recipes.values():
         entry["runs"].sort(key=lambda x: x["seed"])
         entry["holds"] = bool(entry["runs"]) and not any(x["violations"][key] for x in entry["runs"])
+        signed = [x["signed"][key] for x in entry["runs"]]
+        entry["mean_abs_gap"] = (
+            [[row[0], sum(abs(r[i][1]) for r in signed) / len(signed)] for i, row in enumerate(signed[0])]
+            if signed
+            else []
+        )
     rows = criterion(seeds[0], seeds[1], seeds, key)["rows"]  # its last column is the seeds' own
     return {
         "key": key,
@@ -115,9 +138,9 @@ def judge(runs: list[dict], key: str = "eval") -> dict:
 def table(result: dict) -> str:
     key = result["key"]
     w = max([28, *map(len, result["recipes"])])
+    gaps = lambda rows: " ".join(f"{s}:{g:.4f}" for s, g in rows)  # noqa: E731
     lines = [
-        f"BF16 seeds {result['bf16_seeds']}; mean pairwise gap ({key}): "
-        + " ".join(f"{s}:{g:.4f}" for s, g in result["mean_pairwise_gap"]),
+        f"BF16 seeds {result['bf16_seeds']}; mean pairwise gap ({key}): " + gaps(result["mean_pairwise_gap"]),
         f"{'recipe':{w}s} {'seed':>4s} {'final ' + key:>11s}  {key} - bf16 of its seed"
         f"{'':18s}violations ({key} / other)",
     ]
@@ -130,6 +153,19 @@ def table(result: dict) -> str:
         verdict = "holds" if entry["holds"] else "FAILS"
         extra = f" (not judged, no BF16 run of their seed: {entry['unpaired']})" if entry["unpaired"] else ""
         lines.append(f"{name:{w}s} {verdict} on {key} at {len(entry['runs'])} seed(s){extra}")
+    rerun = result["recipes"].get(RERUN)
+    if rerun and rerun["runs"]:
+        lines.append(f"mean |{key} - bf16 of its seed| per eval, each arm:")
+        lines += [
+            f"  {name:{w}s} {gaps(e['mean_abs_gap'])}" for name, e in result["recipes"].items() if e["runs"]
+        ]
+        if not rerun["holds"]:
+            steps = sorted({s for x in rerun["runs"] for s in x["violations"][key]})
+            lines.append(
+                f"note: BF16 against its own rerun FAILS at {len(rerun['runs'])} seed(s) (evals {steps}): "
+                "these runs are not deterministic run to run, so a recipe's violations do not separate it "
+                "from BF16; compare its mean |gap| with the rerun's, or make the runs deterministic"
+            )
     return "\n".join(lines)
 
 
@@ -138,14 +174,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results", type=Path, nargs="+", help="curves result files")
     p.add_argument("--key", choices=KEYS, default="eval", help="the curve the verdict is on")
     p.add_argument("--out", type=Path, help="also write the verdicts and per-step differences as JSON")
+    p.add_argument(
+        "--rerun",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="another call's BF16 runs of the same spec: the control",
+    )
     args = p.parse_args(argv)
-    missing = [str(x) for x in args.results if not x.is_file()]
+    missing = [str(x) for x in [*args.results, *args.rerun] if not x.is_file()]
     if missing:
         msg = f"error: no such result file: {', '.join(missing)}; pass benchmarks.curves' JSON files"
         print(msg, file=sys.stderr)
         return 2
     try:
-        result = judge(load_runs(args.results), args.key)
+        runs = load_runs(args.results) + (rerun_runs(args.rerun) if args.rerun else [])
+        result = judge(runs, args.key)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

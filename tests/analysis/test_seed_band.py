@@ -10,6 +10,7 @@ import pytest
 from analysis import seed_band
 
 STEPS = (50, 100, 150)
+BAND_EVALS = [(4.0, 3.5, 3.2), (4.1, 3.6, 3.3), (4.2, 3.4, 3.1)]
 
 
 def run(recipe: str, seed: int, ev, status: str = "completed") -> dict:
@@ -143,3 +144,32 @@ def test_real_result_files_group_by_family_and_label(capsys):
     assert [x["seed"] for x in fastacc["runs"]] == [0, 2] and fastacc["unpaired"] == ["tensorwise_fastacc_s1"]
     assert "tensorwise + fast accumulation               FAILS on eval at 2 seed(s)" in text
     assert "tensorwise_fastacc " not in text  # the old name appears only as a run's label
+
+
+def test_a_rerun_of_bf16_is_the_control_for_nondeterminism(files, tmp_path, capsys):
+    band, other = files
+    same = write(
+        tmp_path / "same.json", {f"bf16_s{s}": run("bf16", s, ev) for s, ev in enumerate(BAND_EVALS)}
+    )
+    assert seed_band.main([band, other, "--rerun", same]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 rerun                      0" in out and "bf16 rerun                   holds" in out
+    assert "note:" not in out  # a deterministic rerun: the criterion can separate recipes here
+    moved = [(4.0, 3.7, 3.2), (4.1, 3.6, 3.3), (4.2, 3.4, 3.1)]  # seed 0 leaves its trajectory at 100
+    rerun = write(tmp_path / "rerun.json", {f"bf16_s{s}": run("bf16", s, ev) for s, ev in enumerate(moved)})
+    assert seed_band.main([band, other, "--rerun", rerun, "--out", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 rerun                   FAILS on eval at 3 seed(s)" in out
+    assert "note: BF16 against its own rerun FAILS at 3 seed(s) (evals [100])" in out
+    v = json.loads((tmp_path / "v.json").read_text())
+    assert v["recipes"]["bf16 rerun"]["mean_abs_gap"][1] == [100, pytest.approx(0.2 / 3)]
+    assert v["recipes"]["far"]["mean_abs_gap"][2] == [150, pytest.approx(0.1)]  # (0.2 + 0) / 2
+    assert v["recipes"]["far"]["holds"] is False  # verdicts stay the criterion's
+
+
+def test_a_rerun_without_bf16_runs_is_refused(files, tmp_path, capsys):
+    band, other = files
+    assert seed_band.main([band, "--rerun", other]) == 0  # other holds a bf16_s0: it is the rerun
+    none = write(tmp_path / "none.json", {"close_s0": run("close", 0, (4.0, 3.5, 3.2))})
+    assert seed_band.main([band, "--rerun", none]) == 2
+    assert "--rerun" in capsys.readouterr().err
