@@ -9,7 +9,11 @@ permutation), timed from the permuted input to its gradient and the weight gradi
 
 - `te` / `te_grouped_tensor`: TE's `GroupedLinear` (Megatron's TEGroupedMLP) under `te.autocast` with
   the recipe, on its default split-quantize path / its grouped-tensor path (`use_grouped_tensor=True`,
-  only where TE's `is_module_grouped_tensor_path_supported` allows it on this device's cuBLASLt);
+  only where TE's `is_module_grouped_tensor_path_supported` allows it on this device's cuBLASLt); both
+  leave each expert's wgrad in BF16 in `.grad` (TE's default);
+- `te_main_grad`: the `te` path with `fuse_wgrad_accumulation=True` and an fp32 `main_grad` per expert
+  weight, as lowp's TE backend (and Megatron with gradient-accumulation fusion) runs it: each wgrad
+  GEMM adds into the fp32 main grad (beta = 1), the read-modify-write `lowp_grouped` also pays;
 - `torch_bf16`: `torch._grouped_mm` (BF16) for both GEMMs, autograd's backward (its wgrad leaves
   the GEMM in BF16);
 - `lowp_grouped`: lowp's `backend.moe_experts=grouped` (harness.backends.grouped_gemm):
@@ -54,7 +58,16 @@ SHAPES = {
     "mixtral_8x7b_slice": (8, 4096, 14336, 2, 4096),
 }
 RECIPES = ("bf16", "tensorwise", "delayed", "blockwise")
-PATHS = ("te", "te_grouped_tensor", "torch_bf16", "lowp_grouped", "torch_fp8", "gemm_bf16", "gemm_fp8")
+PATHS = (
+    "te",
+    "te_main_grad",
+    "te_grouped_tensor",
+    "torch_bf16",
+    "lowp_grouped",
+    "torch_fp8",
+    "gemm_bf16",
+    "gemm_fp8",
+)
 ROUTINGS = ("balanced", "zipf", "empty")
 ALIGN = 16
 E4M3_MAX = 448.0
@@ -115,8 +128,9 @@ def _swiglu(h):
     return torch.nn.functional.silu(a) * b
 
 
-def te_case(shape, counts, recipe: str, grouped_tensor: bool):
-    """A closure running one forward+backward of TE's GroupedLinear expert MLP, or a reason it can't."""
+def te_case(shape, counts, recipe: str, grouped_tensor: bool, main_grad: bool = False):
+    """A closure running one forward+backward of TE's GroupedLinear expert MLP, or a reason it can't;
+    with `main_grad`, each wgrad is accumulated into an fp32 main grad (fuse_wgrad_accumulation)."""
     import torch
     import transformer_engine.pytorch as te
     from transformer_engine.pytorch.module import grouped_linear
@@ -128,7 +142,12 @@ def te_case(shape, counts, recipe: str, grouped_tensor: bool):
     kw = dict(bias=False, params_dtype=torch.bfloat16, device="cuda")
     if grouped_tensor:
         kw["use_grouped_tensor"] = True
+    if main_grad:
+        kw["fuse_wgrad_accumulation"] = True
     fc1, fc2 = te.GroupedLinear(E, H, 2 * F, **kw), te.GroupedLinear(E, F, H, **kw)
+    if main_grad:
+        for w in (p for m in (fc1, fc2) for n, p in m.named_parameters() if n.startswith("weight")):
+            w.main_grad = torch.zeros(w.shape, device="cuda", dtype=torch.float32)
     rows = sum(counts)
     x = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
@@ -486,7 +505,9 @@ def run(spec: specs.Spec, opts: Options, out: Path, work: Path) -> dict:
             if path.startswith("te") and te_version is None:
                 step, why = None, "unavailable: Transformer Engine is not installed"
             elif path.startswith("te"):
-                step, why = te_case(shape, counts, recipe, path == "te_grouped_tensor")
+                step, why = te_case(
+                    shape, counts, recipe, path == "te_grouped_tensor", path == "te_main_grad"
+                )
             elif path == "torch_bf16":
                 step, why = torch_bf16_case(shape, counts)
             elif path == "lowp_grouped":
