@@ -14,12 +14,12 @@ seeds holds; the verdict is on `--key` (eval: the held-out loss at every eval po
 curve's violations are reported beside it. Runs without a BF16 run of their seed are listed, not judged.
 
 Pairing by seed assumes a seed's runs differ only by their recipe. Where a run is not deterministic run
-to run (on CUDA, kernels that add with atomics: an embedding's backward, TE's fused attention backward
-by default), BF16 itself leaves its seed's trajectory. `--rerun FILE` is the control: the BF16 runs of
-another call of the same spec (same seeds and steps) are judged like a recipe, as `bf16 rerun`. Where
-the rerun fails, the criterion flags run-to-run nondeterminism on these runs, and a recipe's violations
-do not separate it from BF16; the table then says so, and gives each arm's mean |gap| per eval beside
-the rerun's. Verdicts stay as the criterion gives them.
+to run (on CUDA, kernels that add with atomics, e.g. TE's fused attention backward by default;
+benchmarks.rerun_check tells), BF16 itself leaves its seed's trajectory. `--rerun FILE` is the control:
+the BF16 runs of another call of the same spec (same seeds and steps) are judged like a recipe, as `bf16
+rerun`. Where the rerun fails, the criterion flags run-to-run nondeterminism on these runs, and a
+recipe's violations do not separate it from BF16; the table then says so, and gives each arm's mean
+|gap| per eval beside the rerun's. Verdicts stay as the criterion gives them.
 """
 
 from __future__ import annotations
