@@ -430,17 +430,13 @@ def time_case(step, repeats: int) -> dict:
 
 
 def device_peaks(device_name: str) -> dict | None:
-    """Dense peak TFLOP/s per dtype of the device, from lowp's hardware config whose name the device's
-    carries ("NVIDIA H200" -> conf/hardware/h200.yaml); None for a device lowp has no config of."""
-    import yaml
+    """Dense peak TFLOP/s per dtype of the device, from the hardware preset its name picks (hardware=auto's
+    rule: "NVIDIA H200" -> conf/hardware/h200.yaml); None for a device lowp has no preset of."""
+    from harness.backends.hardware import preset_for_name
+    from harness.config.store import load_preset
 
-    configs = (Path(__file__).resolve().parents[1] / "conf" / "hardware").glob("*.yaml")
-    for path in sorted(configs, key=lambda p: -len(p.stem)):  # gb200 before b200
-        if path.stem in ("auto", "cpu") or path.stem.startswith("base"):
-            continue
-        if path.stem.lower() in device_name.lower().replace(" ", "").replace("-", "").split("nvidia")[-1]:
-            return yaml.safe_load(path.read_text()).get("peak_tflops")
-    return None
+    preset = preset_for_name(device_name)
+    return None if preset == "unknown_gpu" else dict(load_preset("hardware", preset).peak_tflops)
 
 
 def _cublaslt_version():

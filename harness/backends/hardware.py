@@ -11,14 +11,16 @@ from harness.config.schema import HardwareConfig
 _GPU_PRESETS = (("GB200", "gb200"), ("B200", "b200"), ("H200", "h200"), ("H100", "h100"), ("A100", "a100"))
 
 
+def preset_for_name(device_name: str) -> str:
+    """The hardware preset a CUDA device name (torch.cuda.get_device_name()) picks, or "unknown_gpu"."""
+    name = device_name.upper()
+    return next((preset for key, preset in _GPU_PRESETS if key in name), "unknown_gpu")
+
+
 def detect_preset() -> str:
     if not torch.cuda.is_available():
         return "cpu"
-    name = torch.cuda.get_device_name().upper()
-    for key, preset in _GPU_PRESETS:
-        if key in name:
-            return preset
-    return "unknown_gpu"
+    return preset_for_name(torch.cuda.get_device_name())
 
 
 def resolve_hardware(hw: HardwareConfig) -> HardwareConfig:
