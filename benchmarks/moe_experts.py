@@ -224,6 +224,25 @@ def _weight_cast(w):
     return codes, 1.0 / scale
 
 
+# torch._scaled_grouped_mm's operands for each GEMM of a linear y = x W_e^T (mat_a row-major, mat_b
+# column-major, a scale per row of mat_a and per column of mat_b); torch_fp8 and gemm_fp8 both use them.
+def _fp8_fprop(xq, x_row_scales, wq, ws):
+    """y = x W^T: xq (rows, K), wq (E, N, K), ws per expert."""
+    E, N, _ = wq.shape
+    return xq, wq.transpose(-2, -1), x_row_scales, ws[:, None].expand(E, N).contiguous()
+
+
+def _fp8_dgrad(dyq, dy_row_scales, wt, ws):
+    """dx = dy W: dyq (rows, N), wt (E, K, N) the columnwise copy of W, ws per expert."""
+    E, K, _ = wt.shape
+    return dyq, wt.transpose(-2, -1), dy_row_scales, ws[:, None].expand(E, K).contiguous()
+
+
+def _fp8_wgrad(dyt, dys, xt, xs):
+    """dW_e = dy_e^T x_e: dyt (N, rows) and xt (K, rows) the transposed copies, dys and xs per expert."""
+    return dyt, xt.t(), dys.repeat_interleave(dyt.shape[0]), xs.repeat_interleave(xt.shape[0])
+
+
 class _FP8GroupedLinear:
     """y = x W_e^T per expert on torch._scaled_grouped_mm: fprop, dgrad and wgrad all in E4M3."""
 
@@ -231,47 +250,28 @@ class _FP8GroupedLinear:
     def function():
         import torch
 
+        out = dict(out_dtype=torch.bfloat16)
+
         class Fn(torch.autograd.Function):
             @staticmethod
             def forward(ctx, x, w, offs, group):
-                E, N, K = w.shape
-                xq, xs = _per_expert_cast(x, group, E)
+                xq, xs = _per_expert_cast(x, group, w.shape[0])
                 wq, ws = _weight_cast(w)
-                y = torch._scaled_grouped_mm(
-                    xq,
-                    wq.transpose(-2, -1),
-                    xs[group].contiguous(),
-                    ws[:, None].expand(E, N).contiguous(),
-                    offs=offs,
-                    out_dtype=torch.bfloat16,
-                    use_fast_accum=True,
-                )
+                fprop = _fp8_fprop(xq, xs[group].contiguous(), wq, ws)
+                y = torch._scaled_grouped_mm(*fprop, offs=offs, use_fast_accum=True, **out)
                 ctx.save_for_backward(xq, xs, wq, ws, offs, group)
                 return y
 
             @staticmethod
             def backward(ctx, dy):
                 xq, xs, wq, ws, offs, group = ctx.saved_tensors
-                E, N, K = wq.shape
-                dyq, dys = _per_expert_cast(dy.contiguous(), group, E)
+                dyq, dys = _per_expert_cast(dy.contiguous(), group, wq.shape[0])
                 wt = wq.transpose(-2, -1).contiguous()  # (E, K, N): the columnwise copy
                 dx = torch._scaled_grouped_mm(
-                    dyq,
-                    wt.transpose(-2, -1),
-                    dys[group].contiguous(),
-                    ws[:, None].expand(E, K).contiguous(),
-                    offs=offs,
-                    out_dtype=torch.bfloat16,
+                    *_fp8_dgrad(dyq, dys[group].contiguous(), wt, ws), offs=offs, **out
                 )
-                dyt, xt = dyq.t().contiguous(), xq.t().contiguous()  # (N, rows), (K, rows)
-                dw = torch._scaled_grouped_mm(
-                    dyt,
-                    xt.t(),
-                    dys.repeat_interleave(N),
-                    xs.repeat_interleave(K),
-                    offs=offs,
-                    out_dtype=torch.bfloat16,
-                )
+                wgrad = _fp8_wgrad(dyq.t().contiguous(), dys, xq.t().contiguous(), xs)
+                dw = torch._scaled_grouped_mm(*wgrad, offs=offs, **out)
                 return dx, dw, None, None
 
         return Fn
@@ -316,8 +316,7 @@ def gemm_case(shape, counts, fp8: bool, device: str = "cuda", ops: dict | None =
     import torch
 
     E, H, F, _, _ = shape
-    dev = device
-    c = torch.tensor(counts, device=dev)
+    c = torch.tensor(counts, device=device)
     offs = c.cumsum(0).to(torch.int32)
     ops = ops or gemm_operands(shape, counts, device)
     x, a, dy, dh, w1, w2 = (ops[n] for n in ("x", "a", "dy", "dh", "w1", "w2"))
@@ -332,25 +331,22 @@ def gemm_case(shape, counts, fp8: bool, device: str = "cuda", ops: dict | None =
         ]
         step = lambda: [torch._grouped_mm(ma, mb, offs=offs) for ma, mb in gemms]  # noqa: E731
         return step, None
-    group = torch.repeat_interleave(torch.arange(E, device=dev), c)
+    group = torch.repeat_interleave(torch.arange(E, device=device), c)
     (xq, xs), (aq, as_), (dyq, dys), (dhq, dhs) = (_per_expert_cast(t, group, E) for t in (x, a, dy, dh))
     (w1q, w1s), (w2q, w2s) = _weight_cast(w1), _weight_cast(w2)
     w1t, w2t = w1q.transpose(-2, -1).contiguous(), w2q.transpose(-2, -1).contiguous()  # columnwise copies
     xt, at, dyt, dht = (t.t().contiguous() for t in (xq, aq, dyq, dhq))
-    row = {n: s[group].contiguous() for n, s in (("x", xs), ("a", as_), ("dy", dys), ("dh", dhs))}
-    per = lambda s, n: s[:, None].expand(E, n).contiguous()  # noqa: E731 - (E, N) weight scales
-    sg = torch._scaled_grouped_mm
-    kw = dict(offs=offs, out_dtype=torch.bfloat16)
+    rows_of = lambda s: s[group].contiguous()  # noqa: E731 - each row's scale
     args = [
-        (xq, w1q.transpose(-2, -1), row["x"], per(w1s, 2 * F), True),  # fc1 fprop
-        (aq, w2q.transpose(-2, -1), row["a"], per(w2s, H), True),  # fc2 fprop
-        (dyq, w2t.transpose(-2, -1), row["dy"], per(w2s, F), False),  # fc2 dgrad
-        (dhq, w1t.transpose(-2, -1), row["dh"], per(w1s, H), False),  # fc1 dgrad
-        (dyt, at.t(), dys.repeat_interleave(H), as_.repeat_interleave(F), False),  # fc2 wgrad
-        (dht, xt.t(), dhs.repeat_interleave(2 * F), xs.repeat_interleave(H), False),  # fc1 wgrad
+        (_fp8_fprop(xq, rows_of(xs), w1q, w1s), True),  # fc1 fprop
+        (_fp8_fprop(aq, rows_of(as_), w2q, w2s), True),  # fc2 fprop
+        (_fp8_dgrad(dyq, rows_of(dys), w2t, w2s), False),  # fc2 dgrad
+        (_fp8_dgrad(dhq, rows_of(dhs), w1t, w1s), False),  # fc1 dgrad
+        (_fp8_wgrad(dyt, dys, at, as_), False),  # fc2 wgrad
+        (_fp8_wgrad(dht, dhs, xt, xs), False),  # fc1 wgrad
     ]
-
-    step = lambda: [sg(ma, mb, sa, sb, use_fast_accum=fast, **kw) for ma, mb, sa, sb, fast in args]  # noqa: E731
+    sg, kw = torch._scaled_grouped_mm, dict(offs=offs, out_dtype=torch.bfloat16)
+    step = lambda: [sg(*ops, use_fast_accum=fast, **kw) for ops, fast in args]  # noqa: E731
     return step, None
 
 
