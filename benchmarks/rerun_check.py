@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import specs
+
 # What Megatron-LM's --deterministic-mode puts in the environment (DETERMINISM_ENV_VAR_DEFAULTS)
 DETERMINISTIC_ENV = {
     "NCCL_ALGO": "Ring",
@@ -73,7 +75,9 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _versions() -> dict:
-    out = {"python": sys.version.split()[0]}
+    from harness.lifecycle.artifacts import git_state
+
+    out = {"python": sys.version.split()[0], **git_state()}
     try:
         import torch
 
@@ -116,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         **_versions(),
         "runs": {},
     }
+    path, rows = a.out / "rerun_check.json", {}
     for tag in ("a", "b"):
         run_dir = a.out / f"run_{tag}"
         cmd = [sys.executable, "-m", "harness.train", *a.overrides, f"steps={a.steps}", "log_interval=1"]
@@ -123,19 +128,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rerun_check] run {tag}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        rows = _rows(run_dir)
+        rows[tag] = _rows(run_dir)
         result["runs"][tag] = {
             "rc": proc.returncode,
             "wall_s": round(time.perf_counter() - t0, 1),
-            "values": [[step, *(r.get(k) for k in KEYS)] for step, r in sorted(_by_step(rows).items())],
+            "values": [[step, *(r.get(k) for k in KEYS)] for step, r in sorted(_by_step(rows[tag]).items())],
         }
         if proc.returncode:
             result["runs"][tag]["stderr_tail"] = proc.stderr[-1500:]
-            (a.out / "rerun_check.json").write_text(json.dumps(result, indent=1))
+            specs.write_json(path, result)
             print(f"error: run {tag} exited {proc.returncode}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
             return 1
-    result |= compare(_rows(a.out / "run_a"), _rows(a.out / "run_b"))
-    (a.out / "rerun_check.json").write_text(json.dumps(result, indent=1))
+    result |= compare(rows["a"], rows["b"])
+    specs.write_json(path, result)
     first = result["first_difference"]
     if first is None:
         print(f"[rerun_check] identical: {result['identical_steps']} of {a.steps} steps equal to the bit")
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             f"[rerun_check] NOT reproducible: identical for {result['identical_steps']} steps, first "
             f"difference at step {first['step']} ({first['key']}{vals})"
         )
-    print(f"written: {a.out / 'rerun_check.json'}")
+    print(f"written: {path}")
     return 0
 
 
