@@ -379,6 +379,12 @@ class BackendConfig:
     a Triton kernel that adds the fp32 wgrad into the fp32 main grad, as TE's GEMM does). Groups under
     a quantizing recipe run on TE's GroupedLinear either way (benchmarks/RESULTS.md, "The expert MLP
     alone")."""
+    deterministic: bool = False
+    """The same bits every run of a seed (Megatron-LM's --deterministic-mode): NCCL_ALGO=Ring,
+    NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (TE's deterministic attention backward) and
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 where unset, and torch.use_deterministic_algorithms(True), for
+    the run (harness.backends.determinism). What a paired loss check needs on CUDA, where atomics
+    make two runs of one seed part within steps; slower kernels in places."""
 
 
 @dataclass

@@ -92,6 +92,7 @@ RUN_FLAGS = (
     "--split",
     "--tokenizer-type",
     "--no-gradient-accumulation-fusion",
+    "--deterministic-mode",
 )
 
 # RecipeConfig fields a Megatron flag carries whatever the recipe (the others become comments).
@@ -535,6 +536,8 @@ def run_flags(cfg: Config) -> Part:
         + "It also turns off TE's fused wgrad accumulation into fp32 main grads, which lowp's TE "
         "backend keeps",
     ]
+    if cfg.backend.deterministic:  # the same rule: its environment, torch's switch, no fused loss
+        flags.append(("--deterministic-mode", None))
     if eval_iters * tokens_per_iter != cfg.eval_tokens:
         capped = f", capped at the run's {budget} training tokens," if budget < cfg.eval_tokens else ""
         notes.append(

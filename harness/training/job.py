@@ -17,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from harness import recipes
+from harness.backends import determinism
 from harness.backends.hardware import device_for
 from harness.config.errors import ConfigError, ConfigWarning
 from harness.config.schema import TE_EXACT_VERSION, Config
@@ -61,7 +62,13 @@ def run(
     config_warnings: list[str] = []
     cfg = prepare(cfg, warnings_out=config_warnings)
     p = cfg.parallel
-    dist = D.setup(p.strategy, p.backend, p.timeout_s, device_for(cfg.hardware))
+    undo = determinism.enable() if cfg.backend.deterministic else None  # before NCCL, cuBLAS and TE read it
+    try:
+        dist = D.setup(p.strategy, p.backend, p.timeout_s, device_for(cfg.hardware))
+    except BaseException:
+        if undo:
+            undo()
+        raise
     try:
         run_dir = agree.shared_run_dir(dist, Path(run_dir))
         if not dist.is_main:
@@ -70,6 +77,8 @@ def run(
     finally:
         D.teardown(dist)
         release_memory()
+        if undo:
+            undo()
 
 
 def release_memory() -> None:
@@ -326,6 +335,8 @@ def _run_json(
     objective = trainer.objective.describe()  # masked diffusion: the mask token and where it came from
     if objective:
         prov.update(objective=objective)
+    if cfg.backend.deterministic:  # torch's switch and the environment as this run had them
+        prov.update(deterministic=determinism.applied())
     if cfg.schedule.phases:  # each phase's first step and full recipe (docs/schedules.md)
         prov.update(schedule=schedule.describe(cfg.recipe, cfg.schedule, cfg.steps))
     attempts = (previous or {}).get("attempts", []) + [R.attempt(resumed_from)]

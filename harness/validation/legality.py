@@ -5,6 +5,7 @@ Every error is one line that names the options and the fix."""
 from __future__ import annotations
 
 from harness import recipes
+from harness.backends import determinism
 from harness.backends.capability import runs_on_te, te_blocker, te_installed_version
 from harness.backends.te_env import conflicts as nvte_conflicts
 from harness.backends.te_env import userbuffers_errors
@@ -314,6 +315,8 @@ def _objective_errors(cfg: Config) -> list[str]:
 def _shape_errors(cfg: Config) -> list[str]:
     errs = _attention_errors(cfg.model) + moe_errors(cfg)
     errs += _objective_errors(cfg)
+    if cfg.backend.deterministic:
+        errs += determinism.option_errors(cfg.model.cross_entropy_loss_fusion) + determinism.env_errors()
     if cfg.steps < 1:
         errs.append(f"steps={cfg.steps}: must be >= 1")
     return errs
