@@ -116,7 +116,7 @@ ADDED: dict[str, Change] = {c.field: c for c in (
     Change("RecipeConfig.nvfp4_4over6_err_mode", "MAE", _TE220, "read only with nvfp4_4over6 set"),
     Change("RecipeConfig.enable_2d_quantization", False, _TE220, "MXFP8 weights had 1x32 blocks"),
     Change("BackendConfig.moe_experts", "te", "965f549", "TE's GroupedLinear ran every expert group"),
-    Change("BackendConfig.deterministic", False, "SINCE",
+    Change("BackendConfig.deterministic", False, "579db9c",
            "kernels chose their algorithms as the libraries default (atomics allowed)"),
     Change("Config.objective", {"name": "autoregressive", "mask_token": None, "difflm_varilen_prob": 0.01,
                                 "eps": 0.0, "eval_t": [0.1, 0.3, 0.5, 0.7, 0.9], "eval_mask_seed": 0},
