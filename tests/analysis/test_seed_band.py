@@ -173,3 +173,30 @@ def test_a_rerun_without_bf16_runs_is_refused(files, tmp_path, capsys):
     none = write(tmp_path / "none.json", {"close_s0": run("close", 0, (4.0, 3.5, 3.2))})
     assert seed_band.main([band, "--rerun", none]) == 2
     assert "--rerun" in capsys.readouterr().err
+
+
+def test_seed_averaged_criterion_is_one_sided_and_keeps_a_penalty_every_seed_pays(files, tmp_path, capsys):
+    band, _ = files
+    # band 0.1333 at every eval; each arm's gaps per seed at 50, 100, 150
+    arms = {
+        "scatter": [(0.2, -0.2, 0.0), (-0.2, 0.2, 0.0), (0.0, 0.0, 0.1)],  # each seed leaves; no bias
+        "biased": [(0.0, 0.15, 0.0), (0.0, 0.14, 0.0), (0.0, 0.12, 0.0)],  # every seed worse at 100
+        "lower": [(-0.3, -0.3, -0.3)] * 3,  # better than BF16 everywhere
+    }
+    runs = {
+        f"{arm}_s{s}": run(arm, s, tuple(b + g for b, g in zip(BAND_EVALS[s], gaps, strict=True)))
+        for arm, per_seed in arms.items()
+        for s, gaps in enumerate(per_seed)
+    }
+    other = write(tmp_path / "arms.json", runs)
+    paired = seed_band.judge(seed_band.load_runs([band, other]))
+    mean = seed_band.judge(seed_band.load_runs([band, other]), by="mean")
+    assert [paired["recipes"][a]["holds"] for a in arms] == [False, False, False]
+    assert [mean["recipes"][a]["holds"] for a in arms] == [True, False, True]
+    assert mean["recipes"]["biased"]["mean_violations"] == [100]
+    assert mean["recipes"]["biased"]["mean_gap"][1] == [100, pytest.approx(0.41 / 3)]
+    assert mean["recipes"]["scatter"]["holds_paired"] is False and mean["criterion"] == "mean"
+    assert seed_band.main([band, other, "--criterion", "mean"]) == 0
+    out = capsys.readouterr().out
+    assert "biased                       FAILS on eval at 3 seed(s) by the mean criterion" in out
+    assert "(paired: FAILS, seed-averaged: holds)" in out
