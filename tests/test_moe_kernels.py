@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.backends.te_moe import expert_kernels
+from harness.backends import grouped_gemm
+from harness.backends.te_moe import AUTO_GROUPED_MIN_EXPERTS, expert_kernels, resolve
 from harness.config.errors import ConfigError
 from harness.config.schema import RecipeConfig
+from harness.training.trainer import expert_kernels_of, variant
 from harness.validation.load import compose_config, prepare
-from tests.helpers import in_triton_interpreter
+from tests.helpers import compose_cfg, in_triton_interpreter
 
 
 def test_a_quantized_expert_group_stays_on_te_grouped_linear():
@@ -22,7 +24,7 @@ def test_a_quantized_expert_group_stays_on_te_grouped_linear():
     ("over", "message"),
     [
         (["backend=emulated", "backend.moe_experts=grouped"], "use backend=te or backend.moe_exp"),
-        (["backend.moe_experts=cutlass"], r"choose one of \['te', 'grouped'\]"),
+        (["backend.moe_experts=cutlass"], r"choose one of \['te', 'grouped', 'auto'\]"),
     ],
 )
 def test_bad_expert_kernels_are_named_with_the_fix(over, message):
@@ -72,3 +74,63 @@ def test_megatron_export_notes_the_grouped_expert_kernels():
     assert [n for n in notes if "backend.moe_experts=grouped" in n and "GroupedLinear" in n]
     _, plain = megatron_args(compose_cfg("model=qwen3_moe_tiny"))
     assert not [n for n in plain if "moe_experts" in n]
+
+
+def test_auto_picks_grouped_from_128_experts_where_the_kernels_run():
+    assert AUTO_GROUPED_MIN_EXPERTS == 128
+    assert [resolve("auto", e, available=True) for e in (None, 8, 64, 127, 128, 256)] == [
+        "te", "te", "te", "te", "grouped", "grouped"
+    ]  # fmt: skip
+    assert resolve("auto", 256, available=False) == "te"  # no triton or no CUDA: TE's GroupedLinear
+    assert resolve("te", 256, available=True) == "te" and resolve("grouped", 8, available=False) == "grouped"
+
+
+def test_the_variant_names_grouped_kernels_only_where_a_bf16_expert_group_runs_on_them(monkeypatch):
+    monkeypatch.setattr(grouped_gemm, "available", lambda: True)  # as on a GPU with triton
+    qwen = ["experiment=h200_qwen3_30b_a3b_slice"]  # 128 experts, backend=te
+    assert compose_cfg(*qwen).backend.moe_experts == "auto"  # the presets' choice
+    assert expert_kernels_of(compose_cfg(*qwen)) == "grouped"
+    assert variant(compose_cfg(*qwen)).endswith("+grouped_experts")
+    assert expert_kernels_of(compose_cfg(*qwen, "recipe=tensorwise")) == "te"  # every group quantizes
+    assert (
+        expert_kernels_of(compose_cfg(*qwen, "recipe=tensorwise", "stability=first_last_bf16")) == "grouped"
+    )
+    assert expert_kernels_of(compose_cfg(*qwen, "backend.moe_experts=te")) == "te"
+    assert expert_kernels_of(compose_cfg("experiment=h200_mixtral_8x7b_slice")) == "te"  # 8 experts
+    assert expert_kernels_of(compose_cfg("model=gpt_tiny", "backend=te")) == "te"  # dense
+    monkeypatch.setattr(grouped_gemm, "available", lambda: False)
+    assert expert_kernels_of(compose_cfg(*qwen)) == "te"
+
+
+def test_auto_on_the_emulated_backend_is_no_error():
+    prepare(
+        compose_config(["model=qwen3_moe_tiny", "hardware=cpu", "logger=none", "backend.moe_experts=auto"])
+    )
+
+
+def test_megatron_export_notes_what_auto_picks():
+    from harness.interop.megatron import megatron_args
+
+    _, notes = megatron_args(compose_cfg("experiment=h200_qwen3_30b_a3b_slice"))
+    assert [n for n in notes if "backend.moe_experts=auto (auto: this model's experts" in n]
+    _, coarse = megatron_args(compose_cfg("experiment=h200_mixtral_8x7b_slice"))
+    assert not [n for n in coarse if "moe_experts" in n]
+
+
+def test_a_run_stored_with_te_resumes_under_auto_where_auto_picks_te(monkeypatch):
+    """The presets' `auto` is compared by what it runs: a dense or coarse-expert run checkpointed with
+    `te` resumes; where auto would switch a run's BF16 experts to the grouped kernels it is refused."""
+    from dataclasses import asdict
+
+    from harness.lifecycle.resume import config_diff
+
+    def dicts(*over):
+        saved, requested = (asdict(compose_cfg(*over, f"backend.moe_experts={k}")) for k in ("te", "auto"))
+        return saved, requested
+
+    monkeypatch.setattr(grouped_gemm, "available", lambda: True)
+    assert config_diff(*dicts("model=gpt_tiny")) == []
+    assert config_diff(*dicts("experiment=h200_mixtral_8x7b_slice")) == []
+    assert config_diff(*dicts("experiment=h200_qwen3_30b_a3b_slice")) == ["backend.moe_experts"]
+    monkeypatch.setattr(grouped_gemm, "available", lambda: False)
+    assert config_diff(*dicts("experiment=h200_qwen3_30b_a3b_slice")) == []

@@ -32,6 +32,23 @@ from harness.model.moe import MoE
 BF16 = torch.bfloat16
 KERNELS = {"te": "te.GroupedLinear", "grouped": "torch._grouped_mm + triton fp32 wgrad"}
 """backend.moe_experts -> what runs a BF16 expert group's GEMMs (recorded in run.json)."""
+AUTO_GROUPED_MIN_EXPERTS = 128
+"""backend.moe_experts=auto runs BF16 groups on lowp's grouped kernels from this many experts up, TE's
+GroupedLinear below. Measured on an H200 (benchmarks/RESULTS.md, "The expert MLP alone": forward and
+backward, TE with its fused wgrad accumulation into fp32 main grads against the grouped kernels): 2.4x at
+128 experts (Qwen3-30B-A3B, 16k tokens) and 5.8x at its 4k-token slice, 1.10x at 256 (DeepSeek-like);
+0.89x at 64 experts of FFN 1536 and 0.90-0.94x at 8 (Mixtral-like). TE launches a GEMM per expert, so
+its time grows with the expert count where the GEMMs are small; the grouped kernels' fp32 main-grad
+read-modify-write costs them the large GEMMs of coarse experts."""
+
+
+def resolve(asked: str, num_experts: int | None, available: bool | None = None) -> str:
+    """te or grouped: backend.moe_experts with `auto` decided for the model (te for a dense one, and
+    where the grouped kernels cannot run here: no triton or no CUDA; `available` overrides that check)."""
+    if asked != "auto":
+        return asked
+    can = grouped_gemm.available() if available is None else available
+    return "grouped" if can and (num_experts or 0) >= AUTO_GROUPED_MIN_EXPERTS else "te"
 
 
 class TEGroupedExperts(nn.Module):
@@ -140,7 +157,9 @@ class TEExpertOps:
             align_size=expert_alignment(recipe),
             std=self._std(name),
             first_microbatch=self.first_microbatch,
-            kernels=expert_kernels(self.backend.spec.options.moe_experts, recipe),
+            kernels=expert_kernels(
+                resolve(self.backend.spec.options.moe_experts, self.cfg.num_moe_experts), recipe
+            ),
         )
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:

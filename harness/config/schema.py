@@ -375,10 +375,12 @@ class BackendConfig:
     moe_experts: str = "te"
     """backend=te, MoE models: what runs the GEMMs of expert groups that compute in BF16: `te` (TE's
     GroupedLinear, Megatron's TEGroupedMLP: a GEMM per expert, the wgrad added to the fp32 main grad
-    inside its GEMM) or `grouped` (one grouped kernel per pass: torch._grouped_mm for fprop and dgrad,
-    a Triton kernel that adds the fp32 wgrad into the fp32 main grad, as TE's GEMM does). Groups under
-    a quantizing recipe run on TE's GroupedLinear either way (benchmarks/RESULTS.md, "The expert MLP
-    alone")."""
+    inside its GEMM), `grouped` (one grouped kernel per pass: torch._grouped_mm for fprop and dgrad,
+    a Triton kernel that adds the fp32 wgrad into the fp32 main grad, as TE's GEMM does) or `auto`
+    (grouped from 128 experts up where triton runs, te below: the faster of the two as measured,
+    harness.backends.te_moe.AUTO_GROUPED_MIN_EXPERTS). The backend presets set `auto`; `te` here is
+    what a run stored before the field resumes with. Groups under a quantizing recipe run on TE's
+    GroupedLinear either way (benchmarks/RESULTS.md, "The expert MLP alone")."""
     deterministic: bool = False
     """The same bits every run of a seed (Megatron-LM's --deterministic-mode): NCCL_ALGO=Ring,
     NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (TE's deterministic attention backward) and

@@ -171,9 +171,13 @@ def model_flags(cfg: Config) -> Part:
     flags = architecture_flags(m, flags) + moe_flags(m)
     if m.num_moe_experts and m.moe_router_padding_for_quantization:
         notes += _router_padding_notes(cfg)
-    if m.num_moe_experts and cfg.backend.moe_experts == "grouped":
+    if m.num_moe_experts and _grouped_experts(cfg):
+        picks = (
+            " (auto: this model's experts, on CUDA with triton)" if cfg.backend.moe_experts == "auto" else ""
+        )
         notes.append(
-            "# backend.moe_experts=grouped: lowp runs BF16 expert groups on torch._grouped_mm (fprop, dgrad) "
+            f"# backend.moe_experts={cfg.backend.moe_experts}{picks}: lowp runs BF16 expert groups on "
+            "torch._grouped_mm (fprop, dgrad) "
             "and a Triton fp32 wgrad into the main grad; Megatron's --moe-grouped-gemm runs TE's "
             "GroupedLinear (one cuBLAS GEMM per expert): the same rounding points, another summation order"
         )
@@ -185,6 +189,13 @@ def model_flags(cfg: Config) -> Part:
             "of its own where lowp's reuses the embedding; parallel=ddp exports the tied head"
         )
     return flags, notes
+
+
+def _grouped_experts(cfg: Config) -> bool:
+    """lowp's grouped kernels run BF16 expert groups of this config on a GPU with triton."""
+    from harness.backends.te_moe import resolve
+
+    return resolve(cfg.backend.moe_experts, cfg.model.num_moe_experts, available=True) == "grouped"
 
 
 # Megatron's get_fp8_align_size (fp8_utils.py:356-361) per --fp8-recipe value: 16 where not listed

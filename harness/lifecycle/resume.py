@@ -78,13 +78,24 @@ def _under(key: str, prefixes: tuple[str, ...]) -> bool:
 
 def config_diff(saved: dict, requested: dict) -> list[str]:
     """Dotted keys whose values differ and change the result (sorted); the data's location is
-    left to the fingerprint check."""
-    a, b = _flat(saved), _flat(requested)
+    left to the fingerprint check, and backend.moe_experts is compared by what it runs here."""
+    a, b = _resolved(_flat(saved)), _resolved(_flat(requested))
     return sorted(
         k
         for k in set(a) | set(b)
         if not _under(k, RESULT_NEUTRAL + LOCATION) and a.get(k, "<unset>") != b.get(k, "<unset>")
     )
+
+
+def _resolved(flat: dict) -> dict:
+    """backend.moe_experts as the kernels it picks for the model on this machine (`auto` is `te` for a
+    dense model and below 128 experts: a run stored with `te` resumes under the presets' `auto`)."""
+    key = "backend.moe_experts"
+    if key not in flat:
+        return flat
+    from harness.backends.te_moe import resolve
+
+    return {**flat, key: resolve(flat[key], flat.get("model.num_moe_experts"))}
 
 
 def describe_diff(saved: dict, requested: dict, keys: list[str], run_dir: Path) -> str:

@@ -70,8 +70,27 @@ def variant(cfg: Config) -> str:
     base = f"{cfg.stability.name}+{cfg.optimizer.name}"
     if cfg.schedule.phases:
         base = f"{base}+{cfg.schedule.name}"
-    kernels = cfg.backend.moe_experts
+    kernels = expert_kernels_of(cfg)
     return f"{base}+{kernels}_experts" if kernels != BackendConfig.moe_experts else base
+
+
+def expert_kernels_of(cfg: Config) -> str:
+    """grouped where some expert group of the run computes in BF16 on lowp's grouped kernels
+    (backend.moe_experts, `auto` decided for the model on this machine), else te: also for a dense
+    model, on the emulated backend, and where every expert group quantizes (TE's GroupedLinear)."""
+    if cfg.model.num_moe_experts is None or backend_name(cfg) != "te":
+        return "te"
+    from harness.backends.te_moe import expert_kernels, resolve
+    from harness.model.moe import moe_layer_pattern
+    from harness.model.plan import PrecisionPlan
+
+    kernels = resolve(cfg.backend.moe_experts, cfg.model.num_moe_experts)
+    plan = PrecisionPlan(cfg.recipe, cfg.stability, cfg.model)
+    groups = [f"blocks.{i}.mlp.experts.{fc}" for i, moe in enumerate(moe_layer_pattern(cfg.model)) if moe
+              for fc in ("fc1", "fc2")]  # fmt: skip
+    return (
+        "grouped" if any(expert_kernels(kernels, plan.recipe_for(g)) == "grouped" for g in groups) else "te"
+    )
 
 
 def seed_everything(seed: int) -> None:

@@ -11,7 +11,7 @@ from harness.model import routing as R
 from harness.model.moe import moe_layer_pattern
 from harness.model.plan import in_int4_scope
 
-MOE_EXPERT_KERNELS = ("te", "grouped")
+MOE_EXPERT_KERNELS = ("te", "grouped", "auto")
 """backend.moe_experts: the kernels of BF16 expert groups on backend=te (harness.backends.te_moe)."""
 _NAMES = {
     "moe_router_score_function": R.SCORE_FUNCTIONS,
@@ -148,7 +148,7 @@ def moe_support_errors(cfg: Config, te: bool) -> list[str]:
     kernels = cfg.backend.moe_experts
     if kernels not in MOE_EXPERT_KERNELS:
         errs.append(f"backend.moe_experts={kernels}: unknown; choose one of {list(MOE_EXPERT_KERNELS)}")
-    elif kernels != "te" and not te:
+    elif kernels == "grouped" and not te:
         errs.append(
             f"backend.moe_experts={kernels} with backend={cfg.backend.name} running the emulator: it picks "
             "the kernels of TE's expert groups; use backend=te or backend.moe_experts=te"
