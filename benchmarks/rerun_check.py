@@ -11,7 +11,8 @@ the Mixtral-like slice's fastest FP8 step"). Run this before trusting a paired v
 `--deterministic-env` runs both with the environment Megatron-LM's `--deterministic-mode` sets
 (megatron/training/determinism.py): NCCL_ALGO=Ring, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 (TE's
 deterministic attention backward) and CUBLAS_WORKSPACE_CONFIG=:4096:8; a value already in the
-environment is kept. It does not turn on `torch.use_deterministic_algorithms`.
+environment is kept. It does not turn on `torch.use_deterministic_algorithms`; the run's own
+`backend.deterministic=true` (an override here) does both, for the run, as Megatron's mode does.
 
 Writes DIR/rerun_check.json: the command, the environment it added, both runs' per-step values, the
 number of leading identical steps and the first difference; exit 1 where a run fails.

@@ -328,3 +328,45 @@ def test_a_finished_run_leaves_no_device_memory_to_the_next(tmp_path):
         after.append(torch.cuda.memory_allocated() - before)
     # what the first run leaves is process-wide (TE's GEMM workspaces, 224 MiB on the H200); no run adds
     assert after[2] - after[0] < 2**20, after
+
+
+def test_auto_runs_128_experts_on_the_grouped_kernels_and_fewer_on_te(tmp_path):
+    """The presets' backend.moe_experts=auto on the GPU: qwen3_moe_tiny widened to 128 experts runs its BF16
+    groups on the grouped kernels, the 8-expert preset on TE's GroupedLinear; run.json says which and the
+    variant names the grouped kernels."""
+    import json
+
+    from harness.train import run
+
+    over = ["model=qwen3_moe_tiny", "backend=te", "hardware=auto", "recipe=bf16", "logger=none", "steps=3"]
+    over += ["log_interval=1", "eval_tokens=2048", "micro_batch_size=8", "global_batch_size=8"]
+    for experts, kernels in ((128, "grouped"), (8, "te")):
+        d = tmp_path / str(experts)
+        s = run(compose_cfg(*over, f"model.num_moe_experts={experts}"), d)
+        assert s.status == "completed" and s.backend == "te"
+        opts = json.loads((d / "run.json").read_text())["provenance"]["speed_options"]
+        assert (opts["moe_experts"], opts["moe_experts_resolved"]) == ("auto", kernels)
+        assert s.variant.endswith("+grouped_experts") == (kernels == "grouped")
+
+
+@pytest.mark.parametrize("kernels", ["te", "grouped"])
+def test_a_deterministic_moe_run_on_te_is_the_same_twice(tmp_path, kernels):
+    """backend.deterministic=true (Megatron's --deterministic-mode) on TE's MoE path: two runs of one
+    seed log the same train loss and gradient norm at every step, to the bit (by default they differed
+    from step 1's gradient norm on the Mixtral-like slice: benchmarks/RESULTS.md, "Loss checks of MoE
+    runs")."""
+    import json
+
+    from benchmarks.rerun_check import compare
+    from harness.train import run
+
+    over = ["model=mixtral_tiny", "backend=te", "hardware=auto", "recipe=bf16", "logger=none", "steps=8"]
+    over += ["log_interval=1", "eval_tokens=2048", "micro_batch_size=8", "global_batch_size=8"]
+    over += ["backend.deterministic=true", f"backend.moe_experts={kernels}"]
+    runs = []
+    for i in range(2):
+        assert run(compose_cfg(*over), tmp_path / str(i)).status == "completed"
+        lines = (tmp_path / str(i) / "metrics.jsonl").read_text().splitlines()
+        runs.append([json.loads(line) for line in lines if line.strip()])
+    assert compare(*runs) == {"identical_steps": 8, "first_difference": None}
+    assert not torch.are_deterministic_algorithms_enabled()  # the run's switch is undone after it
