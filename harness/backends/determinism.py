@@ -1,11 +1,11 @@
 """backend.deterministic: a run that computes the same bits every time (Megatron-LM's --deterministic-mode).
 
-On CUDA, kernels that add with atomics or pick algorithms by timing make two runs of one seed part
-within steps: TE's attention backward, torch's index_add and scatter kernels, cuBLAS with a large
-workspace on several streams. A loss check that pairs a recipe's run with the BF16 run of its seed
-(analysis.seed_band) then cannot tell the recipe from that drift (benchmarks/RESULTS.md, "Loss check
-of the Mixtral-like slice's fastest FP8 step"). Megatron's rule (megatron/training/determinism.py),
-which lowp follows for the run's lifetime:
+On CUDA, kernels that add with atomics (TE's fused-attention backward by default, torch's index_add
+and scatter kernels) make two runs of one seed part: on the Mixtral-like slice the gradient norm
+differs from step 1. A loss check that pairs a recipe's run with the BF16 run of its seed
+(analysis.seed_band) then cannot tell the recipe from that drift (benchmarks/RESULTS.md, "Loss checks
+of MoE runs"). Megatron's rule (megatron/training/determinism.py), which lowp follows for the run's
+lifetime:
 
 - the environment NCCL (at communicator init), cuBLAS (at handle creation) and TE (at each attention
   module's construction) read: NCCL_ALGO=Ring, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0,

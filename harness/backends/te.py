@@ -379,16 +379,13 @@ class TEBackend(Backend):
     def _expert_kernels(self) -> dict:
         """MoE models: backend.moe_experts and what runs each expert group's GEMMs."""
         from harness.backends.te_moe import KERNELS, expert_kernels, resolve
-        from harness.model.moe import moe_layer_pattern
+        from harness.model.moe import expert_groups
 
         if self.spec.model.num_moe_experts is None:
             return {}
         asked = self.spec.options.moe_experts
         resolved = resolve(asked, self.spec.model.num_moe_experts)
-        groups = [
-            f"blocks.{i}.mlp.experts.{fc}"
-            for i, moe in enumerate(moe_layer_pattern(self.spec.model)) if moe for fc in ("fc1", "fc2")
-        ]  # fmt: skip
+        groups = expert_groups(self.spec.model)
         chosen = {g: KERNELS[expert_kernels(resolved, self.plan.recipe_for(g))] for g in groups}
         return {"moe_experts": asked, "moe_experts_resolved": resolved, "moe_expert_kernels": chosen}
 

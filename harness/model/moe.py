@@ -55,6 +55,15 @@ def moe_layer_pattern(cfg: ModelConfig) -> list[int]:
     return [int(v) for v in freq]
 
 
+def expert_groups(cfg: ModelConfig) -> list[str]:
+    """The module names of the model's expert groups (`blocks.3.mlp.experts.fc1`), fc1 and fc2 of each
+    MoE block in order; none for a dense model."""
+    return [
+        f"blocks.{i}.mlp.experts.{fc}" for i, moe in enumerate(moe_layer_pattern(cfg)) if moe
+        for fc in ("fc1", "fc2")
+    ]  # fmt: skip
+
+
 class Router(nn.Module):
     """Megatron's TopKRouter: the gating GEMM in model.moe_router_dtype, then routing.py's steps.
     `expert_bias` (fp32, saved with the model) and the token counts it is updated from

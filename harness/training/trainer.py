@@ -81,16 +81,13 @@ def expert_kernels_of(cfg: Config) -> str:
     if cfg.model.num_moe_experts is None or backend_name(cfg) != "te":
         return "te"
     from harness.backends.te_moe import expert_kernels, resolve
-    from harness.model.moe import moe_layer_pattern
+    from harness.model.moe import expert_groups
     from harness.model.plan import PrecisionPlan
 
     kernels = resolve(cfg.backend.moe_experts, cfg.model.num_moe_experts)
     plan = PrecisionPlan(cfg.recipe, cfg.stability, cfg.model)
-    groups = [f"blocks.{i}.mlp.experts.{fc}" for i, moe in enumerate(moe_layer_pattern(cfg.model)) if moe
-              for fc in ("fc1", "fc2")]  # fmt: skip
-    return (
-        "grouped" if any(expert_kernels(kernels, plan.recipe_for(g)) == "grouped" for g in groups) else "te"
-    )
+    chosen = {expert_kernels(kernels, plan.recipe_for(g)) for g in expert_groups(cfg.model)}
+    return "grouped" if "grouped" in chosen else "te"
 
 
 def seed_everything(seed: int) -> None:

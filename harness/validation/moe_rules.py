@@ -8,7 +8,7 @@ import fnmatch
 
 from harness.config.schema import Config, ModelConfig
 from harness.model import routing as R
-from harness.model.moe import moe_layer_pattern
+from harness.model.moe import expert_groups
 from harness.model.plan import in_int4_scope
 
 MOE_EXPERT_KERNELS = ("te", "grouped", "auto")
@@ -167,12 +167,8 @@ def _expert_override_errors(cfg: Config) -> list[str]:
     E = cfg.model.num_moe_experts
     if not cfg.stability.overrides or _layer_freq_errors(cfg.model):
         return []
-    groups = [
-        f"blocks.{i}.mlp.experts.{fc}" for i, moe in enumerate(moe_layer_pattern(cfg.model)) if moe
-        for fc in ("fc1", "fc2")
-    ]  # fmt: skip
     for ov in cfg.stability.overrides:
-        for group in groups:
+        for group in expert_groups(cfg.model):
             if not fnmatch.fnmatchcase(group, ov.pattern) and any(
                 fnmatch.fnmatchcase(f"{group}.{e}", ov.pattern) for e in range(E)
             ):
