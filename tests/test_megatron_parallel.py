@@ -32,11 +32,13 @@ NO_RESHARD = "--torch-fsdp2-no-reshard-after-forward"
 # option strings, read with that checkout). `--tp-only-amax-red` is not among them: the parser
 # stops at it ("unrecognized arguments"); tp_only_amax_red is a TransformerConfig field that
 # megatron/training/arguments.py:2335 keeps out of its argparse ("no CLI argument exists").
+# `--deterministic-mode` is built from ModelParallelConfig.deterministic_mode (TransformerConfig's
+# ArgumentGroupFactory, arguments.py:2373; read at arguments.py:1708).
 MEGATRON_PARSER_FLAGS = frozenset(
     """
     --adam-beta1 --adam-beta2 --adam-eps --add-qkv-bias --attention-dropout --bf16 --ckpt-format
-    --clip-grad --cross-entropy-loss-fusion --data-path --disable-bias-linear --eval-interval
-    --eval-iters --exp-avg-dtype --exp-avg-sq-dtype --ffn-hidden-size --first-last-layers-bf16
+    --clip-grad --cross-entropy-loss-fusion --data-path --deterministic-mode --disable-bias-linear
+    --eval-interval --eval-iters --exp-avg-dtype --exp-avg-sq-dtype --ffn-hidden-size --first-last-layers-bf16
     --fp4-format --fp4-param-gather --fp4-quantizer-factory --fp4-recipe --fp8-amax-compute-algo
     --fp8-amax-history-len --fp8-format --fp8-margin --fp8-param-gather --fp8-quantizer-factory
     --fp8-recipe --global-batch-size --group-query-attention --hidden-dropout --hidden-size

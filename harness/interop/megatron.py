@@ -171,16 +171,8 @@ def model_flags(cfg: Config) -> Part:
     flags = architecture_flags(m, flags) + moe_flags(m)
     if m.num_moe_experts and m.moe_router_padding_for_quantization:
         notes += _router_padding_notes(cfg)
-    if m.num_moe_experts and _grouped_experts(cfg):
-        picks = (
-            " (auto: this model's experts, on CUDA with triton)" if cfg.backend.moe_experts == "auto" else ""
-        )
-        notes.append(
-            f"# backend.moe_experts={cfg.backend.moe_experts}{picks}: lowp runs BF16 expert groups on "
-            "torch._grouped_mm (fprop, dgrad) "
-            "and a Triton fp32 wgrad into the main grad; Megatron's --moe-grouped-gemm runs TE's "
-            "GroupedLinear (one cuBLAS GEMM per expert): the same rounding points, another summation order"
-        )
+    if m.num_moe_experts:
+        notes += _expert_kernel_notes(cfg)
     if _fsdp2(cfg) and not m.untie_embeddings_and_output_weights:
         flags.append((UNTIE, None))  # arguments.py:1044-1045 asserts it under --use-torch-fsdp2
         notes.append(
@@ -191,11 +183,20 @@ def model_flags(cfg: Config) -> Part:
     return flags, notes
 
 
-def _grouped_experts(cfg: Config) -> bool:
-    """lowp's grouped kernels run BF16 expert groups of this config on a GPU with triton."""
-    from harness.backends.te_moe import resolve
+def _expert_kernel_notes(cfg: Config) -> list[str]:
+    """Where lowp's grouped kernels run BF16 expert groups of this config (on a GPU with triton), the
+    line that says so: Megatron's --moe-grouped-gemm runs TE's GroupedLinear."""
+    from harness.backends.te_moe import KERNELS, resolve
 
-    return resolve(cfg.backend.moe_experts, cfg.model.num_moe_experts, available=True) == "grouped"
+    asked = cfg.backend.moe_experts
+    if resolve(asked, cfg.model.num_moe_experts, available=True) != "grouped":
+        return []
+    picks = "" if asked in KERNELS else " (auto: this model's experts, on CUDA with triton)"
+    return [
+        f"# backend.moe_experts={asked}{picks}: lowp runs BF16 expert groups on torch._grouped_mm (fprop, "
+        "dgrad) and a Triton fp32 wgrad into the main grad; Megatron's --moe-grouped-gemm runs TE's "
+        "GroupedLinear (one cuBLAS GEMM per expert): the same rounding points, another summation order"
+    ]
 
 
 # Megatron's get_fp8_align_size (fp8_utils.py:356-361) per --fp8-recipe value: 16 where not listed

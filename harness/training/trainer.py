@@ -22,7 +22,7 @@ import torch
 
 from harness import recipes
 from harness.backends import BackendSpec, build_backend
-from harness.backends.capability import resolve_backend_name, te_blocker
+from harness.backends.capability import resolve_backend_name, runs_on_te, te_blocker
 from harness.backends.hardware import device_for
 from harness.config.schema import BackendConfig, Config, ModelConfig, RecipeConfig, eval_budget
 from harness.data import build_data
@@ -78,7 +78,9 @@ def expert_kernels_of(cfg: Config) -> str:
     """grouped where some expert group of the run computes in BF16 on lowp's grouped kernels
     (backend.moe_experts, `auto` decided for the model on this machine), else te: also for a dense
     model, on the emulated backend, and where every expert group quantizes (TE's GroupedLinear)."""
-    if cfg.model.num_moe_experts is None or backend_name(cfg) != "te":
+    blocked = te_blocker(cfg.recipe, cfg.stability, cfg.model)
+    on_te = runs_on_te(cfg.backend.name, cfg.recipe.name, cfg.hardware.name, blocked)
+    if cfg.model.num_moe_experts is None or not on_te:
         return "te"
     from harness.backends.te_moe import expert_kernels, resolve
     from harness.model.moe import expert_groups
