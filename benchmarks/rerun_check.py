@@ -21,21 +21,16 @@ number of leading identical steps and the first difference; exit 1 where a run f
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from analysis.reader import parse_jsonl
 from benchmarks import specs
+from harness.backends.determinism import ENV as DETERMINISTIC_ENV
 
-# What Megatron-LM's --deterministic-mode puts in the environment (DETERMINISM_ENV_VAR_DEFAULTS)
-DETERMINISTIC_ENV = {
-    "NCCL_ALGO": "Ring",
-    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
-    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-}
 KEYS = ("loss/train", "optim/grad_norm")
 OWNED = ("steps", "log_interval", "hydra.run.dir")  # set here: one value each for both runs
 
@@ -70,9 +65,7 @@ def _by_step(rows: list[dict]) -> dict[int, dict]:
 
 def _rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parse_jsonl(path, []) if path.exists() else []
 
 
 def _versions() -> dict:

@@ -355,8 +355,7 @@ def test_a_deterministic_moe_run_on_te_is_the_same_twice(tmp_path, kernels):
     seed log the same train loss and gradient norm at every step, to the bit (by default they differed
     from step 1's gradient norm on the Mixtral-like slice: benchmarks/RESULTS.md, "Loss checks of MoE
     runs")."""
-    import json
-
+    from analysis.reader import parse_jsonl
     from benchmarks.rerun_check import compare
     from harness.train import run
 
@@ -366,7 +365,6 @@ def test_a_deterministic_moe_run_on_te_is_the_same_twice(tmp_path, kernels):
     runs = []
     for i in range(2):
         assert run(compose_cfg(*over), tmp_path / str(i)).status == "completed"
-        lines = (tmp_path / str(i) / "metrics.jsonl").read_text().splitlines()
-        runs.append([json.loads(line) for line in lines if line.strip()])
+        runs.append(parse_jsonl(tmp_path / str(i) / "metrics.jsonl", []))
     assert compare(*runs) == {"identical_steps": 8, "first_difference": None}
     assert not torch.are_deterministic_algorithms_enabled()  # the run's switch is undone after it

@@ -378,15 +378,13 @@ class TEBackend(Backend):
 
     def _expert_kernels(self) -> dict:
         """MoE models: backend.moe_experts and what runs each expert group's GEMMs."""
-        from harness.backends.te_moe import KERNELS, expert_kernels, resolve
-        from harness.model.moe import expert_groups
+        from harness.backends.te_moe import KERNELS, group_kernels, resolve
 
         if self.spec.model.num_moe_experts is None:
             return {}
         asked = self.spec.options.moe_experts
         resolved = resolve(asked, self.spec.model.num_moe_experts)
-        groups = expert_groups(self.spec.model)
-        chosen = {g: KERNELS[expert_kernels(resolved, self.plan.recipe_for(g))] for g in groups}
+        chosen = {g: KERNELS[k] for g, k in group_kernels(asked, self.plan).items()}
         return {"moe_experts": asked, "moe_experts_resolved": resolved, "moe_expert_kernels": chosen}
 
     def describe(self) -> dict:

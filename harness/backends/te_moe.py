@@ -42,6 +42,16 @@ its time grows with the expert count where the GEMMs are small; the grouped kern
 read-modify-write costs them the large GEMMs of coarse experts."""
 
 
+def group_kernels(asked: str, plan) -> dict[str, str]:
+    """te or grouped for each expert group of `plan`'s model (a harness.model.plan.PrecisionPlan):
+    backend.moe_experts `asked`, resolved for the model, where the group computes in BF16, TE where it
+    quantizes."""
+    from harness.model.moe import expert_groups
+
+    kernels = resolve(asked, plan.model.num_moe_experts)
+    return {g: expert_kernels(kernels, plan.recipe_for(g)) for g in expert_groups(plan.model)}
+
+
 def resolve(asked: str, num_experts: int | None, available: bool | None = None) -> str:
     """te or grouped: backend.moe_experts with `auto` decided for the model (te for a dense one, and
     where the grouped kernels cannot run here: no triton or no CUDA; `available` overrides that check)."""

@@ -82,14 +82,11 @@ def expert_kernels_of(cfg: Config) -> str:
     on_te = runs_on_te(cfg.backend.name, cfg.recipe.name, cfg.hardware.name, blocked)
     if cfg.model.num_moe_experts is None or not on_te:
         return "te"
-    from harness.backends.te_moe import expert_kernels, resolve
-    from harness.model.moe import expert_groups
+    from harness.backends.te_moe import group_kernels
     from harness.model.plan import PrecisionPlan
 
-    kernels = resolve(cfg.backend.moe_experts, cfg.model.num_moe_experts)
-    plan = PrecisionPlan(cfg.recipe, cfg.stability, cfg.model)
-    chosen = {expert_kernels(kernels, plan.recipe_for(g)) for g in expert_groups(cfg.model)}
-    return "grouped" if "grouped" in chosen else "te"
+    chosen = group_kernels(cfg.backend.moe_experts, PrecisionPlan(cfg.recipe, cfg.stability, cfg.model))
+    return "grouped" if "grouped" in chosen.values() else "te"
 
 
 def seed_everything(seed: int) -> None:

@@ -167,8 +167,9 @@ def _expert_override_errors(cfg: Config) -> list[str]:
     E = cfg.model.num_moe_experts
     if not cfg.stability.overrides or _layer_freq_errors(cfg.model):
         return []
+    groups = expert_groups(cfg.model)
     for ov in cfg.stability.overrides:
-        for group in expert_groups(cfg.model):
+        for group in groups:
             if not fnmatch.fnmatchcase(group, ov.pattern) and any(
                 fnmatch.fnmatchcase(f"{group}.{e}", ov.pattern) for e in range(E)
             ):
