@@ -22,7 +22,7 @@ job, a benchmark's next run in the same process).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 
@@ -33,10 +33,9 @@ NCCL_ALGOS = ("Ring", "CollnetDirect", "CollnetChain", "^NVLS")
 ACCEPTED = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": ("0",), "CUBLAS_WORKSPACE_CONFIG": (":4096:8", ":16:8")}
 
 
-def env_errors(env: Mapping[str, str] | None = None) -> list[str]:
+def env_errors() -> list[str]:
     """One line per variable the user set to a value that is not deterministic."""
-    env = os.environ if env is None else env
-    errs = []
+    env, errs = os.environ, []
     algo = env.get("NCCL_ALGO")
     if algo is not None:
         tokens = [t.strip() for t in algo.split(",") if t.strip()]
@@ -85,7 +84,6 @@ def enable() -> Callable[[], None]:
     return undo
 
 
-def applied(env: Mapping[str, str] | None = None) -> dict:
+def applied() -> dict:
     """What run.json records: torch's switch and the ENV variables' values in this process."""
-    env = os.environ if env is None else env
-    return {"torch": torch.are_deterministic_algorithms_enabled(), "env": {v: env.get(v) for v in ENV}}
+    return {"torch": torch.are_deterministic_algorithms_enabled(), "env": {v: os.environ.get(v) for v in ENV}}
