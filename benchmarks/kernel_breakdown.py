@@ -13,8 +13,8 @@ launching thread when its runtime call ran, linked by the trace's correlation id
 - `qkv_select_backward`: the zero fills, copies and adds of autograd's SelectBackward (q, k, v taken
   from TE's packed QKV one by one: what backend.packed_qkv_grad removes);
 - `loss`: the cross entropy (log-softmax, NLL, TE's Triton kernel) and its fp32 casts;
-- then by kernel name: `gemm_fp8`, `gemm_bf16`, `attention`, `norm`, `cast_quantize`, `activation`,
-  `embedding`, `elementwise_other`.
+- then by kernel name: `gemm_fp8`, `gemm_bf16` (lowp's Triton grouped wgrad too), `attention`, `norm`,
+  `cast_quantize`, `activation`, `embedding`, `elementwise_other`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ CATEGORIES = (
     "elementwise_other",
 )
 
-_GEMM = re.compile(r"nvjet|gemm|cutlass|xmma|cublas|sm\d+_.*(mma|gmma)|s\d+gemm|ampere_.*gemm", re.I)
+_GEMM = re.compile(r"nvjet|gemm|cutlass|xmma|cublas|sm\d+_.*(mma|gmma)|s\d+gemm|ampere_.*gemm|_wgrad_kernel", re.I)
 _GEMM_FP8 = re.compile(r"nvjet_sm\d+_q|e4m3|e5m2|fp8|f8f6f4|qgmma", re.I)
 _BY_NAME = (  # (category, pattern), first match wins
     ("attention", re.compile(r"fmha|flash|sdpa|fused_attn|attn|cudnn_generated", re.I)),
