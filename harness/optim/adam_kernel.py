@@ -48,7 +48,22 @@ def bias_corrections(beta1: float, beta2: float, step: int) -> tuple[float, floa
     return 1.0 - b1**step, 1.0 - b2**step
 
 
+CONTRACTIONS = {"m": 1, "v": 1, "update": 1, "param": 1}
+"""Where nvcc fused TE's multiplies and adds: for the moments' `a*b + c*d`, 0 = two products and a
+sum, 1 = fma(a, b, c*d), 2 = fma(c, d, a*b); for the update's `x + decay*p` and the parameter's
+`p - lr*u`, 1 = one fma, 0 = a product and a sum."""
+
+
 if triton is not None:
+
+    @triton.jit
+    def _tl_sum_of_products(a, b, c, d, FMA: tl.constexpr):
+        if FMA == 1:
+            return tl.fma(a, b, c * d)
+        elif FMA == 2:
+            return tl.fma(c, d, a * b)
+        else:
+            return a * b + c * d
 
     @triton.jit
     def _adam_remainder_kernel(
@@ -62,6 +77,10 @@ if triton is not None:
         n,
         HAS_SCALE: tl.constexpr,
         BLOCK: tl.constexpr,
+        FMA_M: tl.constexpr,
+        FMA_V: tl.constexpr,
+        FMA_UPDATE: tl.constexpr,
+        FMA_PARAM: tl.constexpr,
     ):
         # TE's float arguments, from a device tensor (hyperparameters()): fp32 here and in Triton's
         # interpreter, which would keep Python floats as doubles
@@ -84,13 +103,14 @@ if triton is not None:
         hi = hi - (lo < 0).to(tl.int32)  # undo the bf16 rounding
         master = ((hi << 16) | (lo & 0xFFFF)).to(tl.float32, bitcast=True)
 
-        m = tl.fma(beta1, m, (1.0 - beta1) * g)
-        v = tl.fma(beta2, v, ((1.0 - beta2) * g) * g)
+        m = _tl_sum_of_products(beta1, m, 1.0 - beta1, g, FMA_M)
+        v = _tl_sum_of_products(beta2, v, (1.0 - beta2) * g, g, FMA_V)
         m_hat = tl.math.div_rn(m, bc1)
         v_hat = tl.math.div_rn(v, bc2)
         denom = tl.sqrt_rn(v_hat) + eps
-        update = tl.fma(decay, master, tl.math.div_rn(m_hat, denom))
-        master = tl.fma(-lr, update, master)
+        x = tl.math.div_rn(m_hat, denom)
+        update = tl.fma(decay, master, x) if FMA_UPDATE else x + decay * master
+        master = tl.fma(-lr, update, master) if FMA_PARAM else master - lr * update
 
         bits = master.to(tl.int32, bitcast=True)
         lo = bits & 0xFFFF
@@ -152,6 +172,10 @@ def step_(
         n,
         HAS_SCALE=grad_scale is not None,
         BLOCK=BLOCK,
+        FMA_M=CONTRACTIONS["m"],
+        FMA_V=CONTRACTIONS["v"],
+        FMA_UPDATE=CONTRACTIONS["update"],
+        FMA_PARAM=CONTRACTIONS["param"],
         num_warps=8,
         enable_fp_fusion=False,
     )
@@ -165,6 +189,14 @@ def _fma(a, b, c) -> torch.Tensor:
     """fp32 fma: the float64 product of two fp32 values is exact; one rounding of the sum to fp32
     (after a float64 rounding, which differs from a single rounding only on rare ties)."""
     return _f32(a.double() * b.double() + c.double())
+
+
+def _sum_of_products(a, b, c, d, fma: int) -> torch.Tensor:
+    if fma == 1:
+        return _fma(a, b, c * d)
+    if fma == 2:
+        return _fma(c, d, a * b)
+    return a * b + c * d
 
 
 def split_master(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,11 +228,11 @@ def reference_step_(grad, param, exp_avg, exp_avg_sq, remainder, *, lr, beta1, b
     b1, b2, lr_, eps_, wd = f(beta1), f(beta2), f(lr), f(eps), f(weight_decay)
     g = _f32(grad) if grad_scale is None else _f32(grad) * grad_scale.to(torch.float32)
     master = join_master(param.view(torch.int16), remainder)
-    m = _fma(b1, exp_avg, (1 - b1) * g)
-    v = _fma(b2, exp_avg_sq, ((1 - b2) * g) * g)
-    denom = torch.sqrt(v / f(bc2)) + eps_
-    update = _fma(wd, master, (m / f(bc1)) / denom)
-    master = _fma(-lr_, update, master)
+    m = _sum_of_products(b1, exp_avg, 1 - b1, g, CONTRACTIONS["m"])
+    v = _sum_of_products(b2, exp_avg_sq, (1 - b2) * g, g, CONTRACTIONS["v"])
+    x = (m / f(bc1)) / (torch.sqrt(v / f(bc2)) + eps_)
+    update = _fma(wd, master, x) if CONTRACTIONS["update"] else x + wd * master
+    master = _fma(-lr_, update, master) if CONTRACTIONS["param"] else master - lr_ * update
     hi, lo = split_master(master.contiguous())
     param.view(torch.int16).copy_(hi)
     remainder.copy_(lo)

@@ -110,7 +110,7 @@ def _one_pass_pair(shapes, steps, clip_coefs, weight_decay=0.1, lr=3e-4):
         for gs, coef in zip(grads, clip_coefs):
             for p, g in zip(params, gs):
                 p.decoupled_grad = g.clone()
-            scale = torch.tensor([coef], device="cuda") if coef is not None else None
+            scale = torch.tensor(coef, device="cuda") if coef is not None else None
             if scale is not None and hand_over:
                 opt.grad_scale = scale
             elif scale is not None:
