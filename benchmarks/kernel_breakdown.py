@@ -41,7 +41,9 @@ CATEGORIES = (
     "elementwise_other",
 )
 
-_GEMM = re.compile(r"nvjet|gemm|cutlass|xmma|cublas|sm\d+_.*(mma|gmma)|s\d+gemm|ampere_.*gemm|_wgrad_kernel", re.I)
+_GEMM = re.compile(
+    r"nvjet|gemm|cutlass|xmma|cublas|sm\d+_.*(mma|gmma)|s\d+gemm|ampere_.*gemm|_wgrad_kernel", re.I
+)
 _GEMM_FP8 = re.compile(r"nvjet_sm\d+_q|e4m3|e5m2|fp8|f8f6f4|qgmma", re.I)
 _BY_NAME = (  # (category, pattern), first match wins
     ("attention", re.compile(r"fmha|flash|sdpa|fused_attn|attn|cudnn_generated", re.I)),
