@@ -14,8 +14,10 @@ The run is fixed here, not in the test, so the test and the generator cannot dri
 2 micro-batches (accumulation on), logged every step, no eval, no checkpoint, one thread.
 
 The CPU's matrix units change the last bits: on a CPU with AMX (Sapphire Rapids and later) oneDNN's
-bf16 GEMMs round differently from the AVX-512/AVX2 kernels, so such a machine has curves of its own,
-`<name>_tiny_cpu.amx.txt`, made from the same code as the plain ones (`platform()` picks the file).
+bf16 GEMMs round differently from the AVX-512 kernels, so such a machine has curves of its own,
+`<name>_tiny_cpu.amx.txt`, made from the same code as the plain ones (`platform()` picks the file). A
+CPU without AVX-512 (torch's capability AVX2) runs torch's own bf16 GEMM instead of oneDNN's and has
+`<name>_tiny_cpu.avx2.txt`, made on an AVX2-only AMD EPYC from the code of `aaf3799`.
 The MoE cases' AMX curves were made on an AMX Xeon (torch 2.11) that reproduced every stored dense
 `.amx` curve bit for bit in the same call.
 """
@@ -89,12 +91,16 @@ def baseline(name: str) -> str | None:
 
 
 def platform() -> str:
-    """The curves' variant for this CPU: "amx" where bf16 GEMMs run on AMX tiles, else "" (the reference)."""
+    """The curves' variant for this CPU: "amx" where bf16 GEMMs run on AMX tiles, "avx2" where torch's
+    CPU kernels stop at AVX2 (no AVX-512: oneDNN's bf16 GEMM is not used, torch's own is), else ""
+    (the reference, AVX-512)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
-    return "amx" if " amx_bf16" in flags else ""
+    if " amx_bf16" in flags:
+        return "amx"
+    return "avx2" if torch.backends.cpu.get_cpu_capability() == "AVX2" else ""
 
 
 def path_of(name: str, where: str | None = None) -> Path:

@@ -17,13 +17,13 @@ def test_golden_loss_curve(name):
 
 def test_curves_differ_between_recipes():
     """A recipe that silently fell back to BF16 would reproduce the BF16 curve: none does."""
-    for where in ("", "amx"):
+    for where in ("", "amx", "avx2"):
         for name in CASES:
             if (base := baseline(name)) is not None:
                 assert read_curve(name, where) != read_curve(base, where), (name, where)
 
 
 def test_every_platform_has_every_case():
-    for where in ("", "amx"):
+    for where in ("", "amx", "avx2"):
         for name in CASES:
             assert path_of(name, where).is_file(), path_of(name, where)
