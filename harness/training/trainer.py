@@ -22,7 +22,7 @@ import torch
 
 from harness import recipes
 from harness.backends import BackendSpec, build_backend
-from harness.backends.capability import resolve_backend_name, runs_on_te, te_blocker
+from harness.backends.capability import resolve_backend_name, te_blocker
 from harness.backends.hardware import device_for
 from harness.config.schema import BackendConfig, Config, ModelConfig, RecipeConfig, eval_budget
 from harness.data import build_data
@@ -43,6 +43,7 @@ from harness.numerics import telemetry as T
 from harness.optim import clip_grad, lr_at, set_lr
 from harness.parallel import process as D
 from harness.parallel.strategies import parallelize
+from harness.validation.legality import uses_te
 
 log = logging.getLogger("lowp")
 
@@ -78,9 +79,7 @@ def expert_kernels_of(cfg: Config) -> str:
     """grouped where some expert group of the run computes in BF16 on lowp's grouped kernels
     (backend.moe_experts, `auto` decided for the model on this machine), else te: also for a dense
     model, on the emulated backend, and where every expert group quantizes (TE's GroupedLinear)."""
-    blocked = te_blocker(cfg.recipe, cfg.stability, cfg.model)
-    on_te = runs_on_te(cfg.backend.name, cfg.recipe.name, cfg.hardware.name, blocked)
-    if cfg.model.num_moe_experts is None or not on_te:
+    if cfg.model.num_moe_experts is None or not uses_te(cfg):
         return "te"
     from harness.backends.te_moe import group_kernels
     from harness.model.plan import PrecisionPlan
