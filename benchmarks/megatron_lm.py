@@ -3,7 +3,7 @@
     python -m benchmarks.megatron_lm check --megatron DIR --out OUT [--python PY] [--limit N]
         [--schedules-only]
     python -m benchmarks.megatron_lm pretrain --megatron DIR --out OUT [--recipes bf16,tensorwise]
-        [--iters 20] [--timeout 240]
+        [--iters 20] [--timeout 240] [--over OVERRIDE ...] [--lowp-over OVERRIDE ...]
 
 `check` exports every case of the preset x recipe x knob sweep (harness.validation.reference_sweep,
 the MoE model presets x recipe x MoE knob included), accepted by lowp or not, and feeds each distinct
@@ -27,7 +27,8 @@ checks; check.json's `schedules` holds each phase's verdict. `--schedules-only` 
 (a minute on two cores). The check exits 1 when Megatron refuses a command lowp exports.
 
 `pretrain` prints `python -m harness.megatron experiment=EXPERIMENT recipe=R steps=ITERS --format
-sh` for each recipe (EXPERIMENT: h200_1b unless `--experiment`), runs that command as printed
+sh` for each recipe (EXPERIMENT: h200_1b unless `--experiment`; `--over` adds overrides to both sides,
+`--lowp-over` to lowp's run only), runs that command as printed
 (MEGATRON_LM=DIR, one GPU), then lowp's own
 `harness.train` at the same config, and writes OUT/pretrain.json with Megatron's step times (its
 "elapsed time per iteration" log, first interval left out as warm-up) beside lowp's
@@ -415,6 +416,7 @@ def pretrain(args) -> dict:
         f"steps={args.iters}",
         f"log_interval={LOG_EVERY}",
         f"bench_warmup_steps={LOG_EVERY}",  # lowp's median leaves out the same warm-up as Megatron's
+        *args.over,
     ]
     report: dict = {"iters": args.iters, "recipes": {}}
     for recipe in args.recipes.split(","):
@@ -478,6 +480,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     t.add_argument("--iters", type=int, default=20)
     t.add_argument("--timeout", type=int, default=240, help="seconds per run")
     t.add_argument("--experiment", default="h200_1b", help="the experiment preset both run")
+    t.add_argument("--over", nargs="*", default=[], help="overrides both take (lowp's run and the export)")
     t.add_argument("--lowp-over", nargs="*", default=[], help="overrides of lowp's run only")
     for q in (c, t):
         q.add_argument("--megatron", type=Path, required=True, help="a Megatron-LM source tree")

@@ -175,6 +175,7 @@ class TEBackend(Backend):
         self.recipe = build_te_recipe(spec.recipe, spec.stability)
         self._seen: dict[str, tuple[bool, str | None]] = {}
         self.first_microbatch: bool | None = None
+        self.optimizer_kernel: str | None = None  # set by build_optimizer
 
     def microbatch(self, index: int | None, count: int) -> None:
         """With gradient accumulation, TE quantizes (and transposes) the weights on the first
@@ -257,7 +258,10 @@ class TEBackend(Backend):
         params hold something other than bf16(master) (RecipeSpec.full_master: INT4 QAT's W-hat)."""
         from harness.optim import build_optimizer
 
-        return build_optimizer(model, cfg, self.device, native=True, full_master=self.recipe_spec.full_master)
+        opt = build_optimizer(model, cfg, self.device, native=True, full_master=self.recipe_spec.full_master)
+        kernel = getattr(opt.inner, "kernel", None)
+        self.optimizer_kernel = kernel() if kernel else type(opt.inner).__name__
+        return opt
 
     # ---- recipe hooks (INT4 fake-QAT: the bf16 params hold W-hat, FusedAdam's fp32 masters hold W) ---
     def _hooked_weights(self, model: nn.Module) -> list[nn.Parameter]:
@@ -413,6 +417,7 @@ class TEBackend(Backend):
                 "cross_entropy_loss_fusion": self.spec.model.cross_entropy_loss_fusion,
                 "lm_head_loss_chunks": self.spec.model.lm_head_loss_chunks,
                 "step_in_backward": self.spec.optimizer.step_in_backward,
+                "optimizer_kernel": self.optimizer_kernel,
                 **self._expert_kernels(),
             },
             "mapping_notes": notes,

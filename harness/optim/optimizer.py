@@ -24,7 +24,7 @@ from harness.config.schema import OptimizerConfig
 from harness.optim.in_backward import StepInBackward
 from harness.optim.main_grads import MainGrads
 from harness.optim.offload import CpuOffloadAdamW
-from harness.optim.te_fused_adam import fused_adam_batched_fp8_states, te_fused_adam
+from harness.optim.te_fused_adam import fused_adam_batched_fp8_states, fused_adam_one_pass
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.uint8}
 
@@ -163,7 +163,7 @@ def build_optimizer(
     if cfg.optimizer_cpu_offload:
         return Optimizer(CpuOffloadAdamW(groups, cfg), params, main_grads)
     fp8_states = "fp8" in (cfg.exp_avg_dtype, cfg.exp_avg_sq_dtype)
-    inner = (fused_adam_batched_fp8_states() if fp8_states else te_fused_adam())(
+    inner = (fused_adam_batched_fp8_states() if fp8_states else fused_adam_one_pass())(
         groups,
         weight_decay=cfg.weight_decay,
         adam_w_mode=True,
@@ -209,5 +209,8 @@ def clip_grad(optimizer: Optimizer, max_norm: float) -> torch.Tensor:
     if max_norm > 0:
         # same as torch's clip_grads_with_norm_, on the tensors themselves (they may be main grads)
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, coef)
+        if hasattr(optimizer.inner, "grad_scale"):  # the optimizer's step multiplies the grads by it
+            optimizer.inner.grad_scale = coef
+        else:
+            torch._foreach_mul_(grads, coef)
     return norm

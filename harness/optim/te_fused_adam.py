@@ -95,3 +95,92 @@ def fused_adam_batched_fp8_states():
             # not updated: the states' quantizer amax, a running max that nothing reads
 
     return FusedAdamBatchedFP8States
+
+
+def fused_adam_one_pass():
+    """TE's FusedAdam, whose step runs `harness.optim.adam_kernel` where TE would run
+    `multi_tensor_adam_param_remainder` (bf16 parameters, fp32 masters as int16 remainders, fp32
+    moments, AdamW): the same arithmetic with a grid that fills the GPU, and the clipping coefficient
+    (`grad_scale`, set by `harness.optim.clip_grad`) applied inside instead of a pass of its own.
+    The states are TE's own tensors (state init, state_dict and load_state_dict are TE's code); any
+    other setup, or a parameter TE would treat otherwise (a DTensor, a quantized or non-bf16 one),
+    steps through TE's kernel after the coefficient is applied to the grads."""
+    from harness.optim import adam_kernel
+
+    FusedAdam = te_fused_adam()
+
+    class FusedAdamOnePass(FusedAdam):
+        grad_scale: torch.Tensor | None = None
+        """a one-element fp32 device tensor the next step multiplies every gradient by, then drops"""
+
+        def _one_pass(self) -> bool:
+            fp32 = torch.float32
+            if not (
+                adam_kernel.available()
+                and self.master_weights
+                and self.store_param_remainders
+                and self.adam_w_mode == 1
+                and not self.capturable
+                and self.exp_avg_dtype == fp32
+                and self.exp_avg_sq_dtype == fp32
+            ):
+                return False
+            for group in self.param_groups:
+                if not group["bias_correction"]:
+                    return False
+                for p in group["params"]:
+                    if type(p.data) is not torch.Tensor or p.dtype != torch.bfloat16 or not p.is_cuda:
+                        return False
+                    grad = self._grad(p)
+                    if grad is not None and (grad.dtype != fp32 or not grad.is_contiguous()):
+                        return False
+            return True
+
+        def kernel(self) -> str:
+            """What steps the parameters: this module's one-pass kernel, or TE's own."""
+            return "lowp one-pass AdamW (Triton)" if self._one_pass() else "TE FusedAdam"
+
+        def _grad(self, p):
+            return getattr(p, "decoupled_grad", None) if self.use_decoupled_grad else p.grad
+
+        @torch.no_grad()
+        def step(self, closure=None, grad_scaler=None):
+            scale, self.grad_scale = self.grad_scale, None
+            if grad_scaler is not None or not self._one_pass():
+                if scale is not None:
+                    grads = [
+                        g
+                        for grp in self.param_groups
+                        for p in grp["params"]
+                        if (g := self._grad(p)) is not None
+                    ]
+                    torch._foreach_mul_(grads, scale)
+                return super().step(closure, grad_scaler)
+            loss = closure() if closure is not None else None
+            for group in self.param_groups:
+                group["step"] = group.get("step", 0) + 1  # TE advances empty groups too
+                beta1, beta2 = group["betas"]
+                for p in group["params"]:
+                    state = self.state[p]
+                    if len(state) == 0:
+                        self.initialize_state(p, True)
+                    grad = self._grad(p)
+                    if grad is None:
+                        continue
+                    adam_kernel.step_(
+                        grad,
+                        p.data,
+                        state["exp_avg"],
+                        state["exp_avg_sq"],
+                        state["master_param"],
+                        lr=group["lr"],
+                        beta1=beta1,
+                        beta2=beta2,
+                        eps=group["eps"],
+                        weight_decay=group["weight_decay"],
+                        step=group["step"],
+                        grad_scale=scale,
+                    )
+            return loss
+
+    return FusedAdamOnePass

@@ -1,0 +1,142 @@
+"""Benchmark: the optimizer step of Megatron's default setup on TE, TE's kernel against lowp's one pass.
+
+    python -m benchmarks.adam_step [--out DIR] [--experiment h200_mixtral_8x7b_slice] [--steps 6]
+
+The parameters of an experiment's model as lowp's TE backend builds it (bf16), fp32 main grads,
+TE FusedAdam with fp32 masters kept as int16 remainders and fp32 moments (optimizer=adamw_fp32),
+gradient clipping at 1.0. Each side runs `--steps` steps from the same parameters and grads, as
+the trainer runs them (harness.optim.clip_grad, then the step):
+
+- `te`: TE's FusedAdam; clip_grad multiplies every main grad by the coefficient first;
+- `one_pass`: harness.optim's FusedAdamOnePass; the coefficient goes to the step.
+
+It records each side's median ms for the clip (norm + scaling) and for the step, the memory moved
+per second (grad, parameter, remainder and both moments read, all but the grad written), and
+whether the two sides' parameters and remainders end with the same bits (compared on the host).
+Writes `adam_step.json` under `--out`. Needs CUDA and Transformer Engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+BYTES_PER_PARAM = 4 + 2 * (2 + 2 + 4 + 4)  # grad read; parameter, remainder, both moments read and written
+
+
+def preset_shapes(experiment: str) -> list[tuple[int, ...]]:
+    """Every parameter's shape in the experiment's TE model, as lowp's TE backend builds it."""
+    from harness.backends import build_backend
+    from harness.training.trainer import backend_spec
+    from harness.validation import load
+
+    model = build_backend(
+        backend_spec(load([f"experiment={experiment}"])), torch.device("cuda")
+    ).build_model()
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    del model
+    torch.cuda.empty_cache()
+    return shapes
+
+
+def run_side(kind: str, shapes, steps: int, seed: int = 0) -> dict:
+    from transformer_engine.pytorch.optimizers import FusedAdam
+
+    from harness.optim import fused_adam_one_pass
+    from harness.optim.main_grads import MainGrads
+    from harness.optim.optimizer import Optimizer, clip_grad
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    params = [
+        torch.nn.Parameter((torch.randn(s, device="cuda", generator=gen) * 0.02).bfloat16()) for s in shapes
+    ]
+    cls = FusedAdam if kind == "te" else fused_adam_one_pass()
+    decay = [p for p in params if p.dim() >= 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": [p for p in params if p.dim() < 2]}]
+    inner = cls(groups, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, adam_w_mode=True,
+                master_weights=True, master_weight_dtype=torch.float32, use_decoupled_grad=True,
+                store_param_remainders=True)  # fmt: skip
+    opt = Optimizer(inner, params, MainGrads(params))
+    clip_ms, step_ms = [], []
+    for step in range(steps):
+        g = torch.Generator(device="cuda").manual_seed(1000 + step)
+        for p in params:
+            p.main_grad.normal_(generator=g)
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        ev[0].record()
+        clip_grad(opt, 1.0)
+        ev[1].record()
+        opt.step()
+        ev[2].record()
+        torch.cuda.synchronize()
+        clip_ms.append(ev[0].elapsed_time(ev[1]))
+        step_ms.append(ev[1].elapsed_time(ev[2]))
+    kernel = inner.kernel() if hasattr(inner, "kernel") else "TE FusedAdam"
+    bits = [(p.data.view(torch.int16).cpu(), inner.state[p]["master_param"].cpu()) for p in params]
+    del opt, inner, params
+    torch.cuda.empty_cache()
+    timed = slice(1, None)  # the first step initializes the states
+    return {
+        "kernel": kernel,
+        "clip_ms": statistics.median(clip_ms[timed]),
+        "step_ms": statistics.median(step_ms[timed]),
+        "step_ms_all": step_ms,
+        "clip_ms_all": clip_ms,
+        "_bits": bits,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.adam_step", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--experiment", default="h200_mixtral_8x7b_slice", help="a conf/experiment preset")
+    p.add_argument("--steps", type=int, default=6)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("adam_step: needs a CUDA GPU (TE FusedAdam runs there only); run it on one", file=sys.stderr)
+        return 2
+    import transformer_engine
+
+    shapes = preset_shapes(args.experiment)
+    n = sum(torch.Size(s).numel() for s in shapes)
+    result = {
+        "experiment": args.experiment,
+        "parameters": n,
+        "tensors": len(shapes),
+        "torch": torch.__version__,
+        "te": transformer_engine.__version__,
+        "gpu": torch.cuda.get_device_name(),
+        "bytes_per_parameter": BYTES_PER_PARAM,
+    }
+    sides = {}
+    for kind in ("te", "one_pass"):
+        print(f"[adam_step] {kind}: {n / 1e9:.2f}B parameters in {len(shapes)} tensors", flush=True)
+        sides[kind] = run_side(kind, shapes, args.steps)
+    a, b = sides["te"].pop("_bits"), sides["one_pass"].pop("_bits")
+    result["bits_differ"] = {
+        "params": sum(int((x[0] != y[0]).sum()) for x, y in zip(a, b)),
+        "remainders": sum(int((x[1] != y[1]).sum()) for x, y in zip(a, b)),
+    }
+    for side in sides.values():
+        side["step_tb_per_s"] = n * BYTES_PER_PARAM / (side["step_ms"] / 1e3) / 1e12
+    result["sides"] = sides
+    te, one = sides["te"], sides["one_pass"]
+    result["speedup_step"] = te["step_ms"] / one["step_ms"]
+    result["speedup_clip_and_step"] = (te["clip_ms"] + te["step_ms"]) / (one["clip_ms"] + one["step_ms"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "adam_step.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "sides"}, indent=1))
+    for kind, side in sides.items():
+        ms = f"clip {side['clip_ms']:7.2f} ms  step {side['step_ms']:7.2f} ms"
+        print(f"{kind:9s} {side['kernel']:30s} {ms}  {side['step_tb_per_s']:.2f} TB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
