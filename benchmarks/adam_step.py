@@ -1,6 +1,7 @@
 """Benchmark: the optimizer step of Megatron's default setup on TE, TE's kernel against lowp's one pass.
 
     python -m benchmarks.adam_step [--out DIR] [--experiment h200_mixtral_8x7b_slice] [--steps 6]
+    python -m benchmarks.adam_step --probe [--out DIR]
 
 The parameters of an experiment's model as lowp's TE backend builds it (bf16), fp32 main grads,
 TE FusedAdam with fp32 masters kept as int16 remainders and fp32 moments (optimizer=adamw_fp32),
@@ -14,6 +15,11 @@ It records each side's median ms for the clip (norm + scaling) and for the step,
 per second (grad, parameter, remainder and both moments read, all but the grad written), and
 whether the two sides' parameters and remainders end with the same bits (compared on the host).
 Writes `adam_step.json` under `--out`. Needs CUDA and Transformer Engine.
+
+`--probe` measures which arithmetic TE's kernel runs instead: 4.2M elements at gradient magnitudes 3 to
+1e-21, 3 steps (the second clipped) of TE's FusedAdam and of the one-pass kernel with each variant of
+`adam_kernel.arithmetic()` (division, square root, flushing denormals or not), from the same parameters;
+it writes `adam_arithmetic.json` with the elements whose bits differ per state tensor and variant.
 """
 
 from __future__ import annotations
@@ -91,27 +97,91 @@ def run_side(kind: str, shapes, steps: int, seed: int = 0) -> dict:
     }
 
 
+def probe(out: Path) -> dict:
+    """Per variant of the kernel's PTX arithmetic, how many elements end with other bits than TE's."""
+    import itertools
+
+    from transformer_engine.pytorch.optimizers import FusedAdam
+
+    from harness.optim import adam_kernel, fused_adam_one_pass
+
+    torch.manual_seed(0)
+    n = 1 << 22
+    mags = torch.tensor([1.0, 1e-2, 1e-4, 1e-8, 1e-21, 3.0], device="cuda")
+    idx = torch.randint(0, len(mags), (n,), device="cuda")
+    init = (torch.randn(n, device="cuda") * 0.02).bfloat16()
+    grads = [torch.randn(n, device="cuda") * mags[idx] for _ in range(3)]
+    coefs = [None, 0.37, None]
+    kw = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, adam_w_mode=True)
+    kw |= dict(master_weights=True, master_weight_dtype=torch.float32, use_decoupled_grad=True)
+    kw |= dict(store_param_remainders=True)
+
+    def train(cls, hand_over: bool) -> list[torch.Tensor]:
+        p = torch.nn.Parameter(init.clone())
+        opt = cls([p], **kw)
+        for g, c in zip(grads, coefs):
+            p.decoupled_grad = g.clone()
+            if c is not None:
+                scale = torch.tensor(c, device="cuda")
+                if hand_over:
+                    opt.grad_scale = scale
+                else:
+                    torch._foreach_mul_([p.decoupled_grad], scale)
+            opt.step()
+        st = opt.state[p]
+        m, v = st["exp_avg"].view(torch.int32), st["exp_avg_sq"].view(torch.int32)
+        return [p.data.view(torch.int16), st["master_param"], m, v]
+
+    ref = train(FusedAdam, False)
+    variants = {}
+    te_asm = adam_kernel._TE_ASM
+    try:
+        for div, sqrt, ftz in itertools.product(["approx", "full", "rn"], ["approx", "rn"], [True, False]):
+            adam_kernel._TE_ASM = adam_kernel.arithmetic(div=div, sqrt=sqrt, ftz=ftz)
+            got = train(fused_adam_one_pass(), True)
+            key = f"div={div},sqrt={sqrt},ftz={ftz}"
+            names = ["param", "remainder", "exp_avg", "exp_avg_sq"]
+            variants[key] = {k: int((a != b).sum()) for k, a, b in zip(names, ref, got)}
+            print(f"[adam_step] {key}: {variants[key]}", flush=True)
+    finally:
+        adam_kernel._TE_ASM = te_asm
+    te = adam_kernel.TE_ARITHMETIC
+    return {
+        "elements": n,
+        "variants": variants,
+        "te_arithmetic": f"div={te['div']},sqrt={te['sqrt']},ftz={te['ftz']}",
+        "exact": [k for k, v in variants.items() if not any(v.values())],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.adam_step", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--experiment", default="h200_mixtral_8x7b_slice", help="a conf/experiment preset")
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--probe", action="store_true", help="which PTX arithmetic gives TE's bits (see above)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("adam_step: needs a CUDA GPU (TE FusedAdam runs there only); run it on one", file=sys.stderr)
         return 2
     import transformer_engine
 
+    env = {"torch": torch.__version__, "te": transformer_engine.__version__}
+    env["gpu"] = torch.cuda.get_device_name()
+    if args.probe:
+        result = {**probe(args.out), **env}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "adam_arithmetic.json").write_text(json.dumps(result, indent=1))
+        print("[adam_step] TE's bits:", result["exact"], "; the kernel runs", result["te_arithmetic"])
+        return 0 if result["te_arithmetic"] in result["exact"] else 1
     shapes = preset_shapes(args.experiment)
     n = sum(torch.Size(s).numel() for s in shapes)
     result = {
         "experiment": args.experiment,
         "parameters": n,
         "tensors": len(shapes),
-        "torch": torch.__version__,
-        "te": transformer_engine.__version__,
-        "gpu": torch.cuda.get_device_name(),
+        **env,
         "bytes_per_parameter": BYTES_PER_PARAM,
     }
     sides = {}
