@@ -97,7 +97,7 @@ def run_side(kind: str, shapes, steps: int, seed: int = 0) -> dict:
     }
 
 
-def probe(out: Path) -> dict:
+def probe() -> dict:
     """Per variant of the kernel's PTX arithmetic, how many elements end with other bits than TE's."""
     import itertools
 
@@ -116,9 +116,11 @@ def probe(out: Path) -> dict:
     kw |= dict(master_weights=True, master_weight_dtype=torch.float32, use_decoupled_grad=True)
     kw |= dict(store_param_remainders=True)
 
-    def train(cls, hand_over: bool) -> list[torch.Tensor]:
+    def train(cls, hand_over: bool, asm: str | None = None) -> list[torch.Tensor]:
         p = torch.nn.Parameter(init.clone())
         opt = cls([p], **kw)
+        if asm is not None:
+            opt.asm = asm
         for g, c in zip(grads, coefs):
             p.decoupled_grad = g.clone()
             if c is not None:
@@ -132,24 +134,21 @@ def probe(out: Path) -> dict:
         m, v = st["exp_avg"].view(torch.int32), st["exp_avg_sq"].view(torch.int32)
         return [p.data.view(torch.int16), st["master_param"], m, v]
 
+    def key(div: str, sqrt: str, ftz: bool) -> str:
+        return f"div={div},sqrt={sqrt},ftz={ftz}"
+
     ref = train(FusedAdam, False)
+    names = ["param", "remainder", "exp_avg", "exp_avg_sq"]
     variants = {}
-    te_asm = adam_kernel._TE_ASM
-    try:
-        for div, sqrt, ftz in itertools.product(["approx", "full", "rn"], ["approx", "rn"], [True, False]):
-            adam_kernel._TE_ASM = adam_kernel.arithmetic(div=div, sqrt=sqrt, ftz=ftz)
-            got = train(fused_adam_one_pass(), True)
-            key = f"div={div},sqrt={sqrt},ftz={ftz}"
-            names = ["param", "remainder", "exp_avg", "exp_avg_sq"]
-            variants[key] = {k: int((a != b).sum()) for k, a, b in zip(names, ref, got)}
-            print(f"[adam_step] {key}: {variants[key]}", flush=True)
-    finally:
-        adam_kernel._TE_ASM = te_asm
-    te = adam_kernel.TE_ARITHMETIC
+    for div, sqrt, ftz in itertools.product(["approx", "full", "rn"], ["approx", "rn"], [True, False]):
+        got = train(fused_adam_one_pass(), True, adam_kernel.arithmetic(div=div, sqrt=sqrt, ftz=ftz))
+        differ = {name: int((a != b).sum()) for name, a, b in zip(names, ref, got)}
+        variants[key(div, sqrt, ftz)] = differ
+        print(f"[adam_step] {key(div, sqrt, ftz)}: {differ}", flush=True)
     return {
         "elements": n,
         "variants": variants,
-        "te_arithmetic": f"div={te['div']},sqrt={te['sqrt']},ftz={te['ftz']}",
+        "te_arithmetic": key(**adam_kernel.TE_ARITHMETIC),
         "exact": [k for k, v in variants.items() if not any(v.values())],
     }
 
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"torch": torch.__version__, "te": transformer_engine.__version__}
     env["gpu"] = torch.cuda.get_device_name()
     if args.probe:
-        result = {**probe(args.out), **env}
+        result = {**probe(), **env}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "adam_arithmetic.json").write_text(json.dumps(result, indent=1))
         print("[adam_step] TE's bits:", result["exact"], "; the kernel runs", result["te_arithmetic"])

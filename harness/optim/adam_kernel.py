@@ -23,6 +23,8 @@ master's split and join, the bias corrections and the arithmetic's text.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:  # optional: only the CUDA path needs it
@@ -36,6 +38,7 @@ def available() -> bool:
     return triton is not None and torch.cuda.is_available()
 
 
+@functools.lru_cache(maxsize=16)  # one step's tensors share them: computed once a step, not per tensor
 def bias_corrections(beta1: float, beta2: float, step: int) -> tuple[float, float]:
     """TE's host code: 1 - std::pow(float beta, int step), evaluated in double (stored as float when
     handed to the kernel)."""

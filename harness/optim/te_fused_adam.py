@@ -112,6 +112,9 @@ def fused_adam_one_pass():
     class FusedAdamOnePass(FusedAdam):
         grad_scale: torch.Tensor | None = None
         """a one-element fp32 device tensor the next step multiplies every gradient by, then drops"""
+        asm: str | None = None
+        """another `adam_kernel.arithmetic()` than TE's, for measuring which one TE runs
+        (`benchmarks.adam_step --probe`); None: TE's"""
 
         def _one_pass(self) -> bool:
             fp32 = torch.float32
@@ -180,6 +183,7 @@ def fused_adam_one_pass():
                         weight_decay=group["weight_decay"],
                         step=group["step"],
                         grad_scale=scale,
+                        asm=self.asm,
                     )
             return loss
 
